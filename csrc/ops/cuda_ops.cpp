@@ -1,0 +1,109 @@
+// CUDA implementations of the collectives and the group-management ops declared in
+// schemas.cpp. The groups live in a registry keyed by the c10d group name, which is how the ops
+// (and torch.compile graphs) refer to them.
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "ops/plan_ops.h"
+#include "transport/ulysses_group.h"
+
+namespace fast_ulysses::ops {
+namespace {
+
+using transport::Result;
+using transport::UlyssesGroup;
+
+std::mutex registry_mutex;
+std::unordered_map<std::string, std::shared_ptr<UlyssesGroup>>& registry() {
+  static std::unordered_map<std::string, std::shared_ptr<UlyssesGroup>> groups;
+  return groups;
+}
+
+std::shared_ptr<UlyssesGroup> find_group(const std::string& group_name) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto found = registry().find(group_name);
+  TORCH_CHECK_VALUE(found != registry().end(), "no UlyssesGroup for process group '",
+                    group_name, "': it was never created or has been destroyed");
+  return found->second;
+}
+
+at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
+               const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
+               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
+               Result result, bool barrier) {
+  auto group = find_group(group_name);
+  const int64_t element_size = checked_element_size(x);
+  const Plan plan = plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
+                             seq_splits, head_splits, layout);
+  return group->all_to_all(x, plan, tag, result, barrier);
+}
+
+at::Tensor all_to_all_cuda(const at::Tensor& x, int64_t mode, std::string tag,
+                           std::string group_name, std::optional<at::IntArrayRef> seq_splits,
+                           std::optional<at::IntArrayRef> head_splits, std::string layout) {
+  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true);
+}
+
+at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x, int64_t mode, std::string tag,
+                                    std::string group_name,
+                                    std::optional<at::IntArrayRef> seq_splits,
+                                    std::optional<at::IntArrayRef> head_splits,
+                                    std::string layout, bool barrier) {
+  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kBorrowed,
+             barrier);
+}
+
+void create_group(std::string group_name, int64_t device_index, int64_t initial_pool_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    TORCH_CHECK_VALUE(registry().count(group_name) == 0, "process group '", group_name,
+                      "' already has a UlyssesGroup: destroy() it first");
+  }
+  auto group = std::make_shared<UlyssesGroup>(
+      group_name, c10::Device(c10::DeviceType::CUDA, static_cast<int>(device_index)),
+      initial_pool_bytes);
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry().emplace(group_name, std::move(group));
+}
+
+void reserve(std::string group_name, std::vector<std::string> tags,
+             std::vector<int64_t> window_bytes) {
+  find_group(group_name)->reserve(tags, window_bytes);
+}
+
+void barrier(std::string group_name) { find_group(group_name)->barrier(); }
+
+void destroy_group(std::string group_name) {
+  auto group = find_group(group_name);
+  group->quiesce();
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry().erase(group_name);
+}
+
+std::vector<int64_t> group_stats(std::string group_name) {
+  return find_group(group_name)->stats();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
+  m.impl("all_to_all_single_4d", &all_to_all_cuda);
+  m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
+}
+
+// These take no tensor: the catch-all kernel serves every dispatch key.
+TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
+  m.impl("create_group", &create_group);
+  m.impl("reserve", &reserve);
+  m.impl("barrier", &barrier);
+  m.impl("destroy_group", &destroy_group);
+  m.impl("group_stats", &group_stats);
+}
+
+}  // namespace fast_ulysses::ops

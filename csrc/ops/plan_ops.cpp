@@ -1,0 +1,131 @@
+#include "ops/plan_ops.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "plan/host_executor.h"
+
+namespace fast_ulysses::ops {
+namespace {
+
+std::optional<std::vector<int64_t>> to_vector(const std::optional<at::IntArrayRef>& values) {
+  if (!values) return std::nullopt;
+  return values->vec();
+}
+
+template <typename Fn>
+auto translate_plan_errors(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const PlanError& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  }
+}
+
+CopyDescriptor descriptor_from(at::IntArrayRef row) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(row.size()) == kDescriptorFields,
+                    "descriptor has ", row.size(), " fields: it needs ", kDescriptorFields);
+  CopyDescriptor c;
+  c.peer = static_cast<int>(row[0]);
+  c.src_offset = row[1];
+  c.dst_offset = row[2];
+  c.width = row[3];
+  c.height = row[4];
+  c.depth = row[5];
+  c.src_pitch = row[6];
+  c.dst_pitch = row[7];
+  c.src_slice_pitch = row[8];
+  c.dst_slice_pitch = row[9];
+  return c;
+}
+
+at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& group_name,
+                       const std::optional<at::IntArrayRef>& seq_splits,
+                       const std::optional<at::IntArrayRef>& head_splits,
+                       const std::string& layout) {
+  auto group = c10d::resolve_process_group(group_name);
+  const Plan plan = plan_for(group->getSize(), group->getRank(), mode, x.sizes(),
+                             checked_element_size(x), seq_splits, head_splits, layout);
+  return at::empty(std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
+                   x.options());
+}
+
+}  // namespace
+
+int64_t checked_element_size(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.dim() == 4, "x has shape ", x.sizes(),
+                    ": it must be 4-d (bshd or sbhd)");
+  TORCH_CHECK_VALUE(x.is_contiguous(), "x with shape ", x.sizes(), " and strides ",
+                    x.strides(), " is not contiguous: call .contiguous() first");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(!at::isComplexType(dtype) && dtype != at::kBool,
+                    "x has dtype ", dtype, ": complex and bool tensors are not supported");
+  const int64_t es = static_cast<int64_t>(x.element_size());
+  TORCH_CHECK_VALUE(es == 1 || es == 2 || es == 4, "x has dtype ", dtype, " of ", es,
+                    " bytes: element size must be 1, 2 or 4 bytes (float16 and bfloat16 are "
+                    "the main ones)");
+  return es;
+}
+
+Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
+              int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
+              const std::optional<at::IntArrayRef>& head_splits, const std::string& layout) {
+  return translate_plan_errors([&] {
+    const PlanRequest request = request_from_shape(
+        static_cast<int>(world_size), static_cast<int>(rank), parse_mode(mode),
+        parse_layout(layout), shape.vec(), element_size, to_vector(seq_splits),
+        to_vector(head_splits));
+    return make_plan(request);
+  });
+}
+
+std::tuple<at::Tensor, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t>
+plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
+        int64_t element_size, std::optional<at::IntArrayRef> seq_splits,
+        std::optional<at::IntArrayRef> head_splits, std::string layout) {
+  const Plan plan = plan_for(world_size, rank, mode, shape, element_size, seq_splits,
+                             head_splits, layout);
+  const int64_t P = static_cast<int64_t>(plan.copies.size());
+  at::Tensor rows = at::empty({P, kDescriptorFields}, at::kLong);
+  auto out = rows.accessor<int64_t, 2>();
+  for (int64_t j = 0; j < P; ++j) {
+    const CopyDescriptor& c = plan.copies[j];
+    const int64_t fields[kDescriptorFields] = {
+        c.peer,      c.src_offset, c.dst_offset,      c.width,          c.height,
+        c.depth,     c.src_pitch,  c.dst_pitch,       c.src_slice_pitch, c.dst_slice_pitch};
+    for (int64_t f = 0; f < kDescriptorFields; ++f) out[j][f] = fields[f];
+  }
+  return {rows,
+          std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
+          plan.request.seq_splits, plan.request.head_splits, plan.window_bytes};
+}
+
+void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef descriptor) {
+  TORCH_CHECK_VALUE(src.is_cpu() && dst.is_cpu(), "host_copy runs on CPU tensors");
+  TORCH_CHECK_VALUE(src.is_contiguous() && dst.is_contiguous(),
+                    "host_copy needs contiguous src and dst");
+  const CopyDescriptor copy = descriptor_from(descriptor);
+  translate_plan_errors([&] {
+    execute_on_host(copy, static_cast<const std::byte*>(src.const_data_ptr()), src.nbytes(),
+                    static_cast<std::byte*>(dst.data_ptr()), dst.nbytes());
+    return 0;
+  });
+}
+
+at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
+                           std::string group_name, std::optional<at::IntArrayRef> seq_splits,
+                           std::optional<at::IntArrayRef> head_splits, std::string layout) {
+  return meta_output(x, mode, group_name, seq_splits, head_splits, layout);
+}
+
+at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
+                                    std::string group_name,
+                                    std::optional<at::IntArrayRef> seq_splits,
+                                    std::optional<at::IntArrayRef> head_splits,
+                                    std::string layout, bool /*barrier*/) {
+  return meta_output(x, mode, group_name, seq_splits, head_splits, layout);
+}
+
+}  // namespace fast_ulysses::ops

@@ -1,0 +1,45 @@
+// Torch-facing wrappers of the plan: argument conversion and error translation only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "plan/plan.h"
+
+namespace fast_ulysses::ops {
+
+// Builds the plan for this rank's input, turning PlanError into a c10::ValueError
+// (Python ValueError) that carries the plan's message unchanged.
+Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
+              int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
+              const std::optional<at::IntArrayRef>& head_splits, const std::string& layout);
+
+// Descriptor rows as an int64 [P, 11] CPU tensor: peer, src_offset, dst_offset, width, height,
+// depth, src_pitch, dst_pitch, src_slice_pitch, dst_slice_pitch (the column order of the op).
+constexpr int64_t kDescriptorFields = 10;
+
+std::tuple<at::Tensor, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t>
+plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
+        int64_t element_size, std::optional<at::IntArrayRef> seq_splits,
+        std::optional<at::IntArrayRef> head_splits, std::string layout);
+
+void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef descriptor);
+
+at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string tag,
+                           std::string group_name, std::optional<at::IntArrayRef> seq_splits,
+                           std::optional<at::IntArrayRef> head_splits, std::string layout);
+at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::string tag,
+                                    std::string group_name,
+                                    std::optional<at::IntArrayRef> seq_splits,
+                                    std::optional<at::IntArrayRef> head_splits,
+                                    std::string layout, bool barrier);
+
+// Checks the input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte dtype) and returns its
+// element size; the device rule is the transport's.
+int64_t checked_element_size(const at::Tensor& x);
+
+}  // namespace fast_ulysses::ops

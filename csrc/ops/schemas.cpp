@@ -1,0 +1,48 @@
+// The one place that declares every fast_ulysses op (STYLE: one place declares, many implement).
+// This library (fast_ulysses._C) also implements what needs no GPU: the plan, the host executor
+// and the Meta kernels that let torch.compile trace the collectives. The CUDA kernels and the
+// group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).
+#include <torch/library.h>
+
+#include "ops/plan_ops.h"
+
+TORCH_LIBRARY(fast_ulysses, m) {
+  // GPU-free.
+  m.def(
+      "plan(int world_size, int rank, int mode, int[] shape, int element_size, "
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd') "
+      "-> (Tensor descriptors, int[] output_shape, int[] seq_splits, int[] head_splits, "
+      "int window_bytes)");
+  m.def("host_copy(Tensor src, Tensor(a!) dst, int[] descriptor) -> ()");
+
+  // The collectives. `group_name` is the c10d name of the process group the UlyssesGroup was
+  // built on (ProcessGroup.group_name).
+  m.def(
+      "all_to_all_single_4d(Tensor x, int mode, str tag, str group_name, "
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd') -> Tensor");
+  m.def(
+      "all_to_all_single_4d_borrowed(Tensor x, int mode, str tag, str group_name, "
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', bool barrier=True) "
+      "-> Tensor");
+
+  // Group management (implemented in _cuda). Collective: every rank calls them in the same order.
+  m.def("create_group(str group_name, int device_index, int initial_pool_bytes) -> ()");
+  m.def("reserve(str group_name, str[] tags, int[] window_bytes) -> ()");
+  m.def("barrier(str group_name) -> ()");
+  m.def("destroy_group(str group_name) -> ()");
+  // [pool bytes, bytes in use, segments, sealed, tags, deferred tags] for tests and doctor.
+  m.def("group_stats(str group_name) -> int[]");
+}
+
+TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
+  m.impl("host_copy", &fast_ulysses::ops::host_copy);
+}
+
+TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
+  m.impl("plan", &fast_ulysses::ops::plan_op);
+}
+
+TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {
+  m.impl("all_to_all_single_4d", &fast_ulysses::ops::all_to_all_meta);
+  m.impl("all_to_all_single_4d_borrowed", &fast_ulysses::ops::all_to_all_borrowed_meta);
+}

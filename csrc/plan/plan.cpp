@@ -1,0 +1,264 @@
+#include "plan/plan.h"
+
+#include <numeric>
+#include <sstream>
+
+namespace fast_ulysses {
+namespace {
+
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream message;
+  (message << ... << parts);
+  throw PlanError(message.str());
+}
+
+std::string join(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+  out << "]";
+  return out.str();
+}
+
+int64_t sum(const std::vector<int64_t>& values) {
+  return std::accumulate(values.begin(), values.end(), int64_t{0});
+}
+
+int64_t prefix(const std::vector<int64_t>& values, int upto) {
+  return std::accumulate(values.begin(), values.begin() + upto, int64_t{0});
+}
+
+// Splits `total` as evenly as possible, larger parts first: what we suggest in error messages.
+std::vector<int64_t> balanced_split(int64_t total, int parts) {
+  std::vector<int64_t> split(parts, total / parts);
+  for (int i = 0; i < total % parts; ++i) ++split[i];
+  return split;
+}
+
+void check_splits(const char* name, const std::vector<int64_t>& splits, int world_size) {
+  if (static_cast<int>(splits.size()) != world_size)
+    fail(name, " has ", splits.size(), " entries ", join(splits), ": it needs one per rank (",
+         world_size, ")");
+  for (size_t i = 0; i < splits.size(); ++i)
+    if (splits[i] < 0) fail(name, "[", i, "]=", splits[i], ": entries must be >= 0");
+  if (sum(splits) <= 0) fail(name, "=", join(splits), ": the total must be positive");
+}
+
+// Shapes in layout order. `seq` is the sequence extent, `heads` the head extent.
+std::array<int64_t, 4> shape_of(Layout layout, int64_t batch, int64_t seq, int64_t heads,
+                                int64_t head_dim) {
+  if (layout == Layout::kSBHD) return {seq, batch, heads, head_dim};
+  return {batch, seq, heads, head_dim};
+}
+
+}  // namespace
+
+Layout parse_layout(const std::string& name) {
+  if (name == "bshd") return Layout::kBSHD;
+  if (name == "sbhd") return Layout::kSBHD;
+  fail("layout='", name, "': must be 'bshd' or 'sbhd'");
+}
+
+const char* layout_name(Layout layout) { return layout == Layout::kSBHD ? "sbhd" : "bshd"; }
+
+Mode parse_mode(int64_t mode) {
+  if (mode == 0) return Mode::kSeqToHead;
+  if (mode == 1) return Mode::kHeadToSeq;
+  fail("mode=", mode, ": must be 0 (sequence -> heads) or 1 (heads -> sequence)");
+}
+
+int64_t CopyDescriptor::src_extent() const {
+  if (bytes() == 0) return 0;
+  return src_offset + (depth - 1) * src_slice_pitch + (height - 1) * src_pitch + width;
+}
+
+int64_t CopyDescriptor::dst_extent() const {
+  if (bytes() == 0) return 0;
+  return dst_offset + (depth - 1) * dst_slice_pitch + (height - 1) * dst_pitch + width;
+}
+
+CopyDescriptor coalesced(CopyDescriptor c) {
+  if (c.bytes() == 0) return c;
+  for (bool changed = true; changed;) {
+    changed = false;
+    if (c.depth > 1 && c.height == 1) {  // one row per slice: the slices are the rows
+      c.height = c.depth;
+      c.src_pitch = c.src_slice_pitch;
+      c.dst_pitch = c.dst_slice_pitch;
+      c.depth = 1;
+      changed = true;
+    }
+    if (c.depth > 1 && c.src_slice_pitch == c.height * c.src_pitch &&
+        c.dst_slice_pitch == c.height * c.dst_pitch) {  // slices abut: more rows
+      c.height *= c.depth;
+      c.depth = 1;
+      changed = true;
+    }
+    if (c.height > 1 && c.src_pitch == c.width && c.dst_pitch == c.width) {  // rows abut
+      c.width *= c.height;
+      c.height = 1;
+      changed = true;
+    }
+  }
+  if (c.height == 1) c.src_pitch = c.dst_pitch = c.width;
+  if (c.depth == 1) {
+    c.src_slice_pitch = c.height * c.src_pitch;
+    c.dst_slice_pitch = c.height * c.dst_pitch;
+  }
+  return c;
+}
+
+void validate(const PlanRequest& request) {
+  const int P = request.world_size;
+  if (P < 1 || P > kMaxWorldSize)
+    fail("world_size=", P, ": must be in [1, ", kMaxWorldSize, "] (one node)");
+  if (request.rank < 0 || request.rank >= P)
+    fail("rank=", request.rank, ": must be in [0, world_size=", P, ")");
+  if (request.batch < 1) fail("batch=", request.batch, ": must be >= 1");
+  if (request.head_dim < 1) fail("head_dim=", request.head_dim, ": must be >= 1");
+  const int64_t es = request.element_size;
+  if (es != 1 && es != 2 && es != 4)
+    fail("element_size=", es, ": must be 1, 2 or 4 bytes");
+  if ((request.head_dim * es) % kRowAlignment != 0)
+    fail("head_dim * element_size = ", request.head_dim, " * ", es, " = ", request.head_dim * es,
+         " bytes: must be a multiple of ", kRowAlignment, " bytes");
+  check_splits("seq_splits", request.seq_splits, P);
+  check_splits("head_splits", request.head_splits, P);
+  // Keep every byte offset far inside int64 (and inside what the copy APIs take as size_t).
+  const long double total = static_cast<long double>(request.batch) * sum(request.seq_splits) *
+                            sum(request.head_splits) * request.head_dim * es;
+  if (total > static_cast<long double>(int64_t{1} << 50))
+    fail("tensor of ", total, " bytes: larger than the 2^50-byte limit");
+}
+
+Plan make_plan(const PlanRequest& request) {
+  validate(request);
+  const int P = request.world_size;
+  const int r = request.rank;
+  const auto& seq = request.seq_splits;
+  const auto& heads = request.head_splits;
+  const int64_t S = sum(seq);
+  const int64_t N = sum(heads);
+  const int64_t row = request.head_dim * request.element_size;  // bytes of one head of one token
+  // sbhd folds the batch into the sequence rows: a (token, batch) pair is one row, one slice.
+  // bshd keeps rows per batch element and walks the batch as slices. One code path for both.
+  const bool sbhd = request.layout == Layout::kSBHD;
+  const int64_t fold = sbhd ? request.batch : 1;
+  const int64_t depth = sbhd ? 1 : request.batch;
+
+  Plan plan;
+  plan.request = request;
+  const bool to_heads = request.mode == Mode::kSeqToHead;
+  for (int j = 0; j < P; ++j) {
+    const int64_t out_j = request.batch * (to_heads ? S * heads[j] : seq[j] * N) * row;
+    plan.window_bytes = std::max(plan.window_bytes, out_j);
+  }
+  if (to_heads) {
+    plan.input_shape = shape_of(request.layout, request.batch, seq[r], N, request.head_dim);
+    plan.output_shape = shape_of(request.layout, request.batch, S, heads[r], request.head_dim);
+  } else {
+    plan.input_shape = shape_of(request.layout, request.batch, S, heads[r], request.head_dim);
+    plan.output_shape = shape_of(request.layout, request.batch, seq[r], N, request.head_dim);
+  }
+  plan.input_bytes = request.batch * (to_heads ? seq[r] * N : S * heads[r]) * row;
+  plan.output_bytes = request.batch * (to_heads ? S * heads[r] : seq[r] * N) * row;
+
+  plan.copies.reserve(P);
+  for (int j = 0; j < P; ++j) {
+    CopyDescriptor c;
+    c.peer = j;
+    c.depth = depth;
+    if (to_heads) {
+      // Heads of j from every one of my rows, into j's rows of mine.
+      c.width = heads[j] * row;
+      c.height = seq[r] * fold;
+      c.src_offset = prefix(heads, j) * row;
+      c.src_pitch = N * row;
+      c.src_slice_pitch = seq[r] * fold * N * row;
+      c.dst_offset = prefix(seq, r) * fold * heads[j] * row;
+      c.dst_pitch = heads[j] * row;
+      c.dst_slice_pitch = S * fold * heads[j] * row;
+    } else {
+      // j's rows of all my heads, into my heads of j's rows.
+      c.width = heads[r] * row;
+      c.height = seq[j] * fold;
+      c.src_offset = prefix(seq, j) * fold * heads[r] * row;
+      c.src_pitch = heads[r] * row;
+      c.src_slice_pitch = S * fold * heads[r] * row;
+      c.dst_offset = prefix(heads, r) * row;
+      c.dst_pitch = N * row;
+      c.dst_slice_pitch = seq[j] * fold * N * row;
+    }
+    plan.copies.push_back(c);
+  }
+  return plan;
+}
+
+PlanRequest request_from_shape(int world_size, int rank, Mode mode, Layout layout,
+                               const std::vector<int64_t>& input_shape, int64_t element_size,
+                               const std::optional<std::vector<int64_t>>& seq_splits,
+                               const std::optional<std::vector<int64_t>>& head_splits) {
+  if (input_shape.size() != 4)
+    fail("input shape ", join(input_shape), ": must have 4 dimensions (", layout_name(layout),
+         ")");
+  for (size_t i = 0; i < 4; ++i)
+    if (input_shape[i] < 0) fail("input shape ", join(input_shape), ": negative dimension");
+  if (world_size < 1 || world_size > kMaxWorldSize)
+    fail("world_size=", world_size, ": must be in [1, ", kMaxWorldSize, "] (one node)");
+  if (rank < 0 || rank >= world_size)
+    fail("rank=", rank, ": must be in [0, world_size=", world_size, ")");
+
+  PlanRequest request;
+  request.world_size = world_size;
+  request.rank = rank;
+  request.mode = mode;
+  request.layout = layout;
+  const bool sbhd = layout == Layout::kSBHD;
+  request.batch = input_shape[sbhd ? 1 : 0];
+  const int64_t seq_dim = input_shape[sbhd ? 0 : 1];
+  const int64_t head_dim_extent = input_shape[2];
+  request.head_dim = input_shape[3];
+  request.element_size = element_size;
+
+  // In mode 0 the input holds my rows and all heads; in mode 1 all rows and my heads.
+  const bool to_heads = mode == Mode::kSeqToHead;
+  const char* local_name = to_heads ? "seq_splits" : "head_splits";
+  const char* total_name = to_heads ? "head_splits" : "seq_splits";
+  const char* local_what = to_heads ? "sequence rows" : "heads";
+  const char* total_what = to_heads ? "heads" : "sequence rows";
+  const int64_t local = to_heads ? seq_dim : head_dim_extent;
+  const int64_t total = to_heads ? head_dim_extent : seq_dim;
+  const auto& local_given = to_heads ? seq_splits : head_splits;
+  const auto& total_given = to_heads ? head_splits : seq_splits;
+
+  std::vector<int64_t> local_splits(world_size, local);
+  if (local_given) {
+    local_splits = *local_given;
+    check_splits(local_name, local_splits, world_size);
+    if (local_splits[rank] != local)
+      fail(local_name, "[", rank, "]=", local_splits[rank], " but this rank's input ",
+           join(input_shape), " holds ", local, " ", local_what, " (mode ",
+           static_cast<int>(mode), ", ", layout_name(layout), ")");
+  }
+  std::vector<int64_t> total_splits;
+  if (total_given) {
+    total_splits = *total_given;
+    check_splits(total_name, total_splits, world_size);
+    if (sum(total_splits) != total)
+      fail(total_name, "=", join(total_splits), " sums to ", sum(total_splits), " but the input ",
+           join(input_shape), " has ", total, " ", total_what);
+  } else {
+    if (total % world_size != 0)
+      fail("the input ", join(input_shape), " has ", total, " ", total_what,
+           ", which world_size=", world_size, " does not divide: pass ", total_name, " (e.g. ",
+           join(balanced_split(total, world_size)), ")");
+    total_splits.assign(world_size, total / world_size);
+  }
+  request.seq_splits = to_heads ? local_splits : total_splits;
+  request.head_splits = to_heads ? total_splits : local_splits;
+  validate(request);
+  return request;
+}
+
+}  // namespace fast_ulysses

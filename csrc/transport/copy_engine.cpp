@@ -1,0 +1,42 @@
+#include "transport/copy_engine.h"
+
+#include <cuda_runtime.h>
+
+#include "transport/cuda_check.h"
+
+namespace fast_ulysses::transport {
+
+void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
+                cudaStream_t stream) {
+  if (descriptor.bytes() == 0) return;
+  const CopyDescriptor c = coalesced(descriptor);
+  const char* s = src + c.src_offset;
+  char* d = dst + c.dst_offset;
+  if (c.height == 1 && c.depth == 1) {
+    FU_CUDA_CHECK(cudaMemcpyAsync(d, s, c.width, cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (c.depth == 1) {
+    FU_CUDA_CHECK(cudaMemcpy2DAsync(d, c.dst_pitch, s, c.src_pitch, c.width, c.height,
+                                    cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  // A 3D copy of linear memory: each side's slice pitch must be whole rows of its pitch,
+  // which holds for every plan (slices are b, rows are tokens); otherwise one 2D copy a slice.
+  if (c.src_slice_pitch % c.src_pitch == 0 && c.dst_slice_pitch % c.dst_pitch == 0) {
+    cudaMemcpy3DParms params = {};
+    params.srcPtr = make_cudaPitchedPtr(const_cast<char*>(s), c.src_pitch, c.width,
+                                        c.src_slice_pitch / c.src_pitch);
+    params.dstPtr = make_cudaPitchedPtr(d, c.dst_pitch, c.width, c.dst_slice_pitch / c.dst_pitch);
+    params.extent = make_cudaExtent(c.width, c.height, c.depth);
+    params.kind = cudaMemcpyDeviceToDevice;
+    FU_CUDA_CHECK(cudaMemcpy3DAsync(&params, stream));
+    return;
+  }
+  for (int64_t z = 0; z < c.depth; ++z)
+    FU_CUDA_CHECK(cudaMemcpy2DAsync(d + z * c.dst_slice_pitch, c.dst_pitch,
+                                    s + z * c.src_slice_pitch, c.src_pitch, c.width, c.height,
+                                    cudaMemcpyDeviceToDevice, stream));
+}
+
+}  // namespace fast_ulysses::transport

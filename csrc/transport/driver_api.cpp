@@ -1,0 +1,38 @@
+#include "transport/driver_api.h"
+
+#include <cuda_runtime_api.h>
+
+#include "transport/cuda_check.h"
+
+namespace fast_ulysses::transport {
+namespace {
+
+// The ABI version of the entry points we call: these three have been stable since CUDA 12.0.
+constexpr unsigned int kEntryPointVersion = 12000;
+
+template <typename Fn>
+void resolve(const char* name, Fn*& fn) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  FU_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &address, kEntryPointVersion,
+                                                 cudaEnableDefault, &found));
+  TORCH_CHECK(found == cudaDriverEntryPointSuccess && address != nullptr,
+              "fast-ulysses: the CUDA driver has no entry point ", name,
+              " (version ", kEntryPointVersion, "); a driver for CUDA 12.0 or newer is needed");
+  fn = reinterpret_cast<Fn*>(address);
+}
+
+}  // namespace
+
+const DriverApi& DriverApi::get() {
+  static const DriverApi api = [] {
+    DriverApi resolved;
+    resolve("cuStreamWriteValue64", resolved.stream_write_value64);
+    resolve("cuStreamWaitValue64", resolved.stream_wait_value64);
+    resolve("cuDeviceGetAttribute", resolved.device_get_attribute);
+    return resolved;
+  }();
+  return api;
+}
+
+}  // namespace fast_ulysses::transport

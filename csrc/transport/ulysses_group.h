@@ -1,0 +1,87 @@
+// The fast path's per-process state for one process group: windows, handshake, streams, and the
+// issue order of one all-to-all.
+//
+// Streams. The caller's stream C and one communication stream M per group. A call forks M from
+// C, issues every remote copy on M (peer rank+1 first, then rank+2, ...: peers are not all hit
+// at once), copies this rank's own share on C (a same-device copy is an SM copy either way), and
+// closes on M (owned result: the copy out of the window runs there too) or on C (borrowed).
+// Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout);
+// window and pool decisions depend on that sequence only. Breaking it leaves a wait unsatisfied;
+// the watchdog reports such a wait after FAST_ULYSSES_WATCHDOG_S seconds (default 300).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "plan/plan.h"
+#include "transport/handshake.h"
+#include "transport/watchdog.h"
+#include "transport/window_pool.h"
+
+namespace fast_ulysses::transport {
+
+enum class Result { kOwned, kBorrowed };
+
+class UlyssesGroup {
+ public:
+  // Collective: allocates and maps the pool (initial_pool_bytes of windows + the signal header).
+  UlyssesGroup(std::string group_name, c10::Device device, int64_t initial_pool_bytes);
+  ~UlyssesGroup();
+  UlyssesGroup(const UlyssesGroup&) = delete;
+  UlyssesGroup& operator=(const UlyssesGroup&) = delete;
+
+  // Owned: returns a new tensor, registered with c10d so that wait_tensor() (the first aten op
+  // on an AsyncCollectiveTensor) makes the caller's stream wait for it. Borrowed: returns a
+  // view of this rank's window for `tag`, valid until the next call with that tag; with
+  // barrier == false the closing handshake is left to barrier().
+  at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
+                        Result result, bool barrier);
+  void reserve(const std::vector<std::string>& tags, const std::vector<int64_t>& window_bytes);
+  // Closes every deferred borrowed call: afterwards, on the caller's stream, every peer's copies
+  // issued before its barrier() have landed here.
+  void barrier();
+  // Waits for this rank's work, then for every rank (a process-group barrier), so no peer can
+  // still be writing into this rank's memory when it is freed.
+  void quiesce();
+
+  int rank() const { return pool_.rank(); }
+  int world_size() const { return pool_.world_size(); }
+  c10::Device device() const { return device_; }
+  std::vector<int64_t> stats() const;
+
+ private:
+  struct TagState {
+    int slot = 0;
+    uint64_t epoch = 0;     // calls issued with this tag
+    uint64_t consumed = 0;  // highest epoch whose window read I have announced
+    bool deferred = false;  // last call was borrowed with barrier=false, barrier() not yet run
+  };
+
+  TagState& tag_state(const std::string& tag);
+  void announce_consumed(cudaStream_t stream, TagState& tag, uint64_t epoch);
+  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
+                   const TagState& tag, bool signal_landed);
+  void wait_landed(cudaStream_t stream, const TagState& tag);
+  at::Tensor close_owned(const at::Tensor& x, const Plan& plan, const Window& window,
+                         TagState& tag, const std::string& tag_name);
+  // Makes `waiter` wait for everything issued so far on `from` (an event from a small pool).
+  std::shared_ptr<cudaEvent_t> record(cudaStream_t from);
+  void join(cudaStream_t from, cudaStream_t waiter);
+
+  std::string group_name_;
+  c10::Device device_;
+  WindowPool pool_;
+  Handshake handshake_;
+  cudaStream_t comm_ = nullptr;
+  std::unordered_map<std::string, TagState> tags_;
+  uint64_t barrier_epoch_ = 0;
+  std::unique_ptr<Watchdog> watchdog_;
+};
+
+}  // namespace fast_ulysses::transport

@@ -1,0 +1,117 @@
+#include "transport/window_pool.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+
+#include "transport/cuda_check.h"
+#include "transport/handshake.h"
+
+namespace fast_ulysses::transport {
+namespace {
+
+int64_t align_up(int64_t bytes, int64_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+}  // namespace
+
+WindowPool::WindowPool(std::string group_name, c10::Device device, int64_t initial_bytes)
+    : group_name_(std::move(group_name)), device_(device) {
+  TORCH_CHECK_VALUE(initial_bytes >= 0, "initial_pool_bytes=", initial_bytes,
+                    ": must be >= 0");
+  add_segment(Handshake::kHeaderBytes + align_up(initial_bytes, kAlignment),
+              /*with_header=*/true);
+  rank_ = segments_[0].handle->get_rank();
+  world_size_ = segments_[0].handle->get_world_size();
+}
+
+void WindowPool::add_segment(int64_t bytes, bool with_header) {
+  c10::cuda::CUDAGuard guard(device_);
+  Segment segment;
+  segment.bytes = align_up(bytes, kAlignment);
+  segment.storage = c10d::symmetric_memory::empty_strided_p2p(
+      {segment.bytes}, {1}, at::kByte, device_, group_name_, std::nullopt);
+  if (with_header) {
+    // Zeroed and finished before the rendezvous: no peer can address it before that returns.
+    segment.storage.narrow(0, 0, Handshake::kHeaderBytes).zero_();
+    FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index())));
+    segment.used = Handshake::kHeaderBytes;
+  }
+  segment.handle = c10d::symmetric_memory::rendezvous(segment.storage, group_name_);
+  const auto bases = segment.handle->get_buffer_ptrs();
+  const int me = segment.handle->get_rank();
+  // The handle's pointers address the allocation; our tensor may start inside it.
+  const int64_t shift = static_cast<char*>(segment.storage.data_ptr()) -
+                        static_cast<char*>(bases[me]);
+  for (void* base : bases) segment.bases.push_back(static_cast<char*>(base) + shift);
+  segments_.push_back(std::move(segment));
+}
+
+std::vector<char*> WindowPool::headers() const { return segments_.front().bases; }
+
+Window WindowPool::carve(Segment& segment, int index, int64_t bytes) const {
+  Window window;
+  window.segment = index;
+  window.offset = segment.used;
+  window.bytes = bytes;
+  for (char* base : segment.bases) window.peers.push_back(base + window.offset);
+  window.local = window.peers[rank_];
+  segment.used += align_up(std::max<int64_t>(bytes, 1), kAlignment);
+  return window;
+}
+
+const Window& WindowPool::acquire(int slot, const std::string& tag, int64_t bytes) {
+  auto found = windows_.find(slot);
+  if (found != windows_.end() && found->second.bytes >= bytes) return found->second;
+  TORCH_CHECK_VALUE(!sealed_, "tag '", tag, "' needs a window of ", bytes, " bytes but ",
+                    found == windows_.end()
+                        ? std::string("it was not declared")
+                        : "it was declared with " + std::to_string(found->second.bytes),
+                    " and the pool is sealed by reserve(): declare this call in reserve()");
+  Segment* segment = &segments_.back();
+  if (segment->bytes - segment->used < bytes) {
+    add_segment(std::max(bytes, segment->bytes), /*with_header=*/false);
+    segment = &segments_.back();
+  }
+  windows_[slot] = carve(*segment, segments() - 1, bytes);
+  return windows_[slot];
+}
+
+void WindowPool::reserve(const std::vector<std::pair<int, int64_t>>& slots) {
+  int64_t needed = 0;
+  for (const auto& [slot, bytes] : slots) {
+    auto found = windows_.find(slot);
+    if (found == windows_.end() || found->second.bytes < bytes)
+      needed += align_up(std::max<int64_t>(bytes, 1), kAlignment);
+  }
+  if (segments_.back().bytes - segments_.back().used < needed)
+    add_segment(needed, /*with_header=*/false);
+  Segment& segment = segments_.back();
+  for (const auto& [slot, bytes] : slots) {
+    auto found = windows_.find(slot);
+    if (found == windows_.end() || found->second.bytes < bytes)
+      windows_[slot] = carve(segment, segments() - 1, bytes);
+  }
+  sealed_ = true;
+}
+
+at::Tensor WindowPool::local_view(const Window& window, int64_t bytes) const {
+  return segments_[window.segment].storage.narrow(0, window.offset, bytes);
+}
+
+int64_t WindowPool::capacity() const {
+  int64_t total = 0;
+  for (const auto& s : segments_) total += s.bytes;
+  return total - Handshake::kHeaderBytes;
+}
+
+int64_t WindowPool::used() const {
+  int64_t total = 0;
+  for (const auto& s : segments_) total += s.used;
+  return total - Handshake::kHeaderBytes;
+}
+
+}  // namespace fast_ulysses::transport

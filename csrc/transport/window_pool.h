@@ -1,0 +1,78 @@
+// A rank's receive windows, in torch's symmetric memory.
+//
+// The pool is a list of segments, each one allocation made with
+// c10d::symmetric_memory::empty_strided_p2p and mapped by every peer through rendezvous() (both
+// collective). Windows are carved from the segments by a bump allocator, one per tag slot. Every
+// decision here depends only on the sequence of calls, which the contract makes identical on
+// every rank, so all ranks carve the same offsets and grow at the same call.
+// Segment 0 starts with the handshake's signal header, zeroed before its rendezvous.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/symm_mem/SymmetricMemory.hpp>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace fast_ulysses::transport {
+
+struct Window {
+  int segment = -1;
+  int64_t offset = 0;  // inside the segment, the same on every rank
+  int64_t bytes = 0;
+  char* local = nullptr;       // my window
+  std::vector<char*> peers;    // every rank's window, as I address it (peers[rank] == local)
+};
+
+class WindowPool {
+ public:
+  static constexpr int64_t kAlignment = 4096;
+
+  WindowPool(std::string group_name, c10::Device device, int64_t initial_bytes);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Each rank's signal header, as I address it.
+  std::vector<char*> headers() const;
+
+  // The window of `slot`, at least `bytes` long: the current one if large enough, else a new
+  // one carved from the pool, which grows by one segment (a collective) unless sealed.
+  const Window& acquire(int slot, const std::string& tag, int64_t bytes);
+  // Gives each listed slot a window of at least its bytes, growing the pool at most once, then
+  // seals it: afterwards acquire() raises for a slot without a window or one too small.
+  void reserve(const std::vector<std::pair<int, int64_t>>& slots);
+  bool sealed() const { return sealed_; }
+
+  // A tensor aliasing the first `bytes` of my window (it keeps the segment alive).
+  at::Tensor local_view(const Window& window, int64_t bytes) const;
+
+  int64_t capacity() const;
+  int64_t used() const;
+  int segments() const { return static_cast<int>(segments_.size()); }
+
+ private:
+  struct Segment {
+    at::Tensor storage;
+    c10::intrusive_ptr<c10d::symmetric_memory::SymmetricMemory> handle;
+    std::vector<char*> bases;  // every rank's segment start, as I address it
+    int64_t bytes = 0;
+    int64_t used = 0;
+  };
+
+  void add_segment(int64_t bytes, bool with_header);  // collective
+  Window carve(Segment& segment, int index, int64_t bytes) const;
+
+  std::string group_name_;
+  c10::Device device_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  bool sealed_ = false;
+  std::vector<Segment> segments_;
+  std::unordered_map<int, Window> windows_;
+};
+
+}  // namespace fast_ulysses::transport

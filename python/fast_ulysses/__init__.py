@@ -1,0 +1,22 @@
+"""fast-ulysses: the two all-to-alls of Ulysses sequence parallelism on one NVLink node.
+
+    import fast_ulysses
+    group = fast_ulysses.make_group(process_group, initial_pool_bytes=1 << 30)
+    y = group.all_to_all_single_4d(x, mode=0, tag="q")   # (b, s/P, N, d) -> (b, S, N/P, d)
+
+GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
+"""
+
+from ._ops import cuda_available, cuda_load_error
+from .plan import CopyDescriptor, Plan, plan, simulate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CopyDescriptor",
+    "Plan",
+    "cuda_available",
+    "cuda_load_error",
+    "plan",
+    "simulate",
+]
