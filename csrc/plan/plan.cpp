@@ -36,12 +36,17 @@ std::vector<int64_t> balanced_split(int64_t total, int parts) {
   return split;
 }
 
+constexpr int64_t kMaxBytes = int64_t{1} << 50;
+
 void check_splits(const char* name, const std::vector<int64_t>& splits, int world_size) {
   if (static_cast<int>(splits.size()) != world_size)
     fail(name, " has ", splits.size(), " entries ", join(splits), ": it needs one per rank (",
          world_size, ")");
-  for (size_t i = 0; i < splits.size(); ++i)
+  for (size_t i = 0; i < splits.size(); ++i) {
     if (splits[i] < 0) fail(name, "[", i, "]=", splits[i], ": entries must be >= 0");
+    // Bounded entries keep every sum below exactly representable int64 (no overflow).
+    if (splits[i] > kMaxBytes) fail(name, "[", i, "]=", splits[i], ": entries must be <= 2^50");
+  }
   if (sum(splits) <= 0) fail(name, "=", join(splits), ": the total must be positive");
 }
 
@@ -111,6 +116,10 @@ CopyDescriptor coalesced(CopyDescriptor c) {
 
 void validate(const PlanRequest& request) {
   const int P = request.world_size;
+  if (request.mode != Mode::kSeqToHead && request.mode != Mode::kHeadToSeq)
+    fail("mode=", static_cast<int>(request.mode), ": must be 0 or 1");
+  if (request.layout != Layout::kBSHD && request.layout != Layout::kSBHD)
+    fail("layout=", static_cast<int>(request.layout), ": must be bshd (0) or sbhd (1)");
   if (P < 1 || P > kMaxWorldSize)
     fail("world_size=", P, ": must be in [1, ", kMaxWorldSize, "] (one node)");
   if (request.rank < 0 || request.rank >= P)
@@ -128,7 +137,7 @@ void validate(const PlanRequest& request) {
   // Keep every byte offset far inside int64 (and inside what the copy APIs take as size_t).
   const long double total = static_cast<long double>(request.batch) * sum(request.seq_splits) *
                             sum(request.head_splits) * request.head_dim * es;
-  if (total > static_cast<long double>(int64_t{1} << 50))
+  if (total > static_cast<long double>(kMaxBytes))
     fail("tensor of ", total, " bytes: larger than the 2^50-byte limit");
 }
 

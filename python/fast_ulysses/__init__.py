@@ -8,15 +8,21 @@ GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 """
 
 from ._ops import cuda_available, cuda_load_error
+from .group import UlyssesGroup
 from .plan import CopyDescriptor, Plan, plan, simulate
+from .torch_group import TorchUlyssesGroup
+from .validation import CallSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CallSpec",
     "CopyDescriptor",
     "Plan",
     "cuda_available",
     "cuda_load_error",
     "plan",
     "simulate",
+    "TorchUlyssesGroup",
+    "UlyssesGroup",
 ]

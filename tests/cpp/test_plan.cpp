@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cases.h"
 #include "checks.h"

@@ -149,7 +149,7 @@ TEST(Validation, SizeLimit) {
 // validate()): the split total is summed in int64 without an overflow check. Four entries of
 // 2^62 plus 5 wrap (signed overflow, undefined behaviour) to a total of 5, so the request passes
 // validation and make_plan() returns wrapped sizes (rank 0: input_bytes 0). Enable once fixed.
-TEST(Validation, DISABLED_SplitTotalOverflowIsRejected) {
+TEST(Validation, SplitTotalOverflowIsRejected) {
   const int64_t huge = int64_t{1} << 62;
   EXPECT_TRUE(rejected(edited([&](auto& r) {
                          r.world_size = 5;

@@ -1,0 +1,230 @@
+"""UlyssesGroup: the fast path. A thin wrapper over the C++ transport (csrc/transport) reached
+through `torch.ops.fast_ulysses.*`; everything that moves bytes or signals is in C++."""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import _maybe_wrap_tensor
+
+from ._ops import cuda_load_error, ops
+
+SHARED_GPU_ENV = "FAST_ULYSSES_ALLOW_SHARED_GPU"
+DEBUG_ENV = "FAST_ULYSSES_DEBUG"
+_warned_shared_gpu = False
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no")
+
+
+class UlyssesGroup:
+    """Ulysses all-to-alls over one node's GPUs, with copy-engine writes into peers' windows.
+
+    Arguments:
+        process_group: the c10d group of the sequence-parallel ranks (None: the default group).
+            Any backend works for the setup (gloo, nccl); the transfer does not use it.
+        initial_pool_bytes: bytes of symmetric memory to allocate for windows up front. The pool
+            grows on demand (collectively) unless `reserve()` sealed it.
+        device: this rank's GPU (default: the current CUDA device).
+
+    Raises:
+        RuntimeError: the CUDA part of the extension did not load, or no GPU.
+        ValueError: a pair of ranks whose GPUs cannot map each other's memory (named), ranks on
+            different hosts, or ranks sharing a GPU without FAST_ULYSSES_ALLOW_SHARED_GPU=1.
+    """
+
+    fallback = False
+    fallback_reason = ""
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None,
+                 initial_pool_bytes: int = 0, *, device: torch.device | int | None = None):
+        if cuda_load_error:
+            raise RuntimeError(f"UlyssesGroup needs the CUDA part of fast-ulysses: "
+                               f"{cuda_load_error}")
+        if not torch.cuda.is_available():
+            raise RuntimeError("UlyssesGroup needs a CUDA GPU; none is visible "
+                               "(use TorchUlyssesGroup or make_group)")
+        self.process_group = process_group or dist.group.WORLD
+        self.group_name = self.process_group.group_name
+        self.rank = dist.get_rank(self.process_group)
+        self.world_size = dist.get_world_size(self.process_group)
+        if device is None:
+            device = torch.cuda.current_device()
+        self.device = torch.device("cuda", torch.device("cuda", device).index
+                                   if not isinstance(device, int) else device)
+        self._debug = _env_flag(DEBUG_ENV)
+        self._calls = 0
+        self._destroyed = False
+        _check_peers(self.process_group, self.device, self.rank)
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(self.group_name)
+        ops.create_group(self.group_name, self.device.index, int(initial_pool_bytes))
+
+    # -- the collectives -------------------------------------------------------------------
+
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *,
+                             seq_splits: Sequence[int] | None = None,
+                             head_splits: Sequence[int] | None = None,
+                             layout: str = "bshd") -> torch.Tensor:
+        """One all-to-all. Mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d);
+        mode 1 the inverse; sbhd swaps the first two dimensions.
+
+        Returns:
+            A tensor the caller owns, as an AsyncCollectiveTensor: the first aten op on it
+            makes the current stream wait for the transfer (stream-ordered, no host sync).
+        """
+        self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
+        out = ops.all_to_all_single_4d(x, mode, tag, self.group_name, _list(seq_splits),
+                                       _list(head_splits), layout)
+        return _maybe_wrap_tensor(out)
+
+    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
+                                      seq_splits: Sequence[int] | None = None,
+                                      head_splits: Sequence[int] | None = None,
+                                      layout: str = "bshd", barrier: bool = True) -> torch.Tensor:
+        """Like all_to_all_single_4d, but returns this rank's receive window for `tag` itself:
+        one copy less, valid until the next call with the same tag (other tags leave it alone).
+
+        With barrier=False the closing handshake is deferred: the result may be read only after
+        `barrier()`, and `x` may not be modified before then. Several calls (a layer's q, k, v)
+        then share one barrier.
+        """
+        self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
+                          head_splits, layout, barrier)
+        return ops.all_to_all_single_4d_borrowed(x, mode, tag, self.group_name,
+                                                 _list(seq_splits), _list(head_splits), layout,
+                                                 bool(barrier))
+
+    def barrier(self) -> None:
+        """Closes every deferred borrowed call (barrier=False): stream-ordered on the caller's
+        stream, after it every peer's data has landed in this rank's windows."""
+        self._check_live()
+        ops.barrier(self.group_name)
+
+    # -- windows ---------------------------------------------------------------------------
+
+    def reserve(self, calls: Iterable) -> None:
+        """Pre-sizes the window of every tag the process will use and seals the pool.
+
+        Arguments:
+            calls: `fast_ulysses.CallSpec`s, one per distinct call this rank will make (shape
+                is this rank's input shape). Collective: every rank passes the same calls.
+
+        After this, a call whose tag was not declared, or that needs a larger window than
+        declared, raises ValueError before anything is sent.
+        """
+        self._check_live()
+        from .validation import window_bytes_by_tag
+        sizes = window_bytes_by_tag(calls, self.world_size, self.rank)
+        tags = sorted(sizes)
+        ops.reserve(self.group_name, tags, [sizes[t] for t in tags])
+
+    def stats(self) -> dict:
+        """Pool capacity and use, segments, sealed, tags and deferred tags (for tests, doctor)."""
+        self._check_live()
+        keys = ("pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred")
+        return dict(zip(keys, ops.group_stats(self.group_name)))
+
+    def destroy(self) -> None:
+        """Waits for this rank's work and for every rank (collective), then frees the windows.
+        Any later call on this group raises."""
+        self._check_live()
+        ops.destroy_group(self.group_name)
+        self._destroyed = True
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _check_live(self) -> None:
+        if self._destroyed:
+            raise RuntimeError("this UlyssesGroup was destroyed: create a new one")
+
+    def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
+        self._check_live()
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device} but the group is on {self.device}: inputs "
+                             "must be on the group's device")
+        if self._debug:
+            self._check_agreement(name, x, mode, tag, seq_splits, head_splits, layout, extra)
+
+    def _check_agreement(self, name, x, mode, tag, seq_splits, head_splits, layout, extra):
+        """FAST_ULYSSES_DEBUG=1: every rank compares its call with every other rank's before
+        anything is sent (one all_gather_object per call: a debugging aid, not for speed)."""
+        self._calls += 1
+        call = (f"{name}(x={tuple(x.shape)} {x.dtype}, mode={mode}, tag={tag!r}, "
+                f"seq_splits={_list(seq_splits)}, head_splits={_list(head_splits)}, "
+                f"layout={layout!r}{''.join(f', {e!r}' for e in extra)})")
+        # The shape legitimately differs across ranks with uneven splits; compare the rest and
+        # the resolved splits, which must agree.
+        from .plan import plan
+        p = plan(self.world_size, self.rank, mode, x.shape, x.dtype, seq_splits=seq_splits,
+                 head_splits=head_splits, layout=layout)
+        key = (name, mode, tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
+               p.window_bytes, extra)
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, (key, call), group=self.process_group)
+        for peer, (peer_key, peer_call) in enumerate(gathered):
+            if peer_key != key:
+                raise ValueError(f"call #{self._calls} differs across ranks: rank {self.rank} "
+                                 f"called {call} but rank {peer} called {peer_call}")
+
+
+def _list(values):
+    return None if values is None else [int(v) for v in values]
+
+
+def _check_peers(group: dist.ProcessGroup, device: torch.device, rank: int) -> None:
+    """Gathers every rank's (host, GPU) and refuses what the transport cannot serve."""
+    props = torch.cuda.get_device_properties(device)
+    mine = (socket.gethostname(), str(props.uuid), device.index)
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    hosts = {host for host, _, _ in everyone}
+    if len(hosts) > 1:
+        raise ValueError(f"the group spans hosts {sorted(hosts)}: UlyssesGroup serves one node "
+                         "(use TorchUlyssesGroup or make_group)")
+    shared = False
+    for i, (_, uuid_i, index_i) in enumerate(everyone):
+        for j, (_, uuid_j, index_j) in enumerate(everyone):
+            if j <= i:
+                continue
+            if uuid_i == uuid_j:
+                shared = True
+            elif i == rank or j == rank:
+                _check_can_map(i, uuid_i, j, uuid_j)
+    if shared:
+        _allow_shared_gpu()
+
+
+def _check_can_map(i: int, uuid_i: str, j: int, uuid_j: str) -> None:
+    local = {str(torch.cuda.get_device_properties(k).uuid): k
+             for k in range(torch.cuda.device_count())}
+    if uuid_i not in local or uuid_j not in local:
+        return  # not both visible to this process: a rank that sees both checks the pair
+    index_i, index_j = local[uuid_i], local[uuid_j]
+    if not (torch.cuda.can_device_access_peer(index_i, index_j)
+            and torch.cuda.can_device_access_peer(index_j, index_i)):
+        raise ValueError(f"ranks {i} (cuda:{index_i}) and {j} (cuda:{index_j}) cannot map each "
+                         "other's memory (no peer access): UlyssesGroup needs every pair to "
+                         "(use TorchUlyssesGroup or make_group)")
+
+
+def _allow_shared_gpu() -> None:
+    global _warned_shared_gpu
+    if not _env_flag(SHARED_GPU_ENV):
+        raise ValueError(f"several ranks of the group share one GPU: set {SHARED_GPU_ENV}=1 to "
+                         "allow it (a testing mode: correct, but not NVLink speed)")
+    # torch's CUDA symmetric memory refuses overlapping devices unless told otherwise.
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    if not _warned_shared_gpu:
+        _warned_shared_gpu = True
+        warnings.warn("fast-ulysses: ranks share a GPU (FAST_ULYSSES_ALLOW_SHARED_GPU=1): a "
+                      "testing mode; results are correct, timings are not NVLink timings",
+                      stacklevel=3)

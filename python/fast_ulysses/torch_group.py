@@ -1,0 +1,178 @@
+"""`TorchUlyssesGroup`: the fast group's entry points on plain `torch.distributed`.
+
+The fallback `make_group` picks where the fast path would lose (GPUs on different CPU sockets
+over PCIe, no P2P, a group spanning nodes) and the reference for tests. It works on any backend
+whose `all_to_all_single` takes split sizes: gloo on CPU tensors, NCCL on GPUs.
+
+How one call moves data. Let `split` be the dimension the sender cuts (heads in mode 0,
+sequence in mode 1) and `cat` the one the receiver joins (sequence in mode 0, heads in mode 1).
+Every chunk travels in the order "cat first, then the other dimensions in layout order", so that
+the receive buffer is the output with `cat` moved to the front: a regular tensor whatever the
+splits. The sender copies its chunks into that order (one pass over x); the receiver permutes
+back (one pass), and skips even that where the permuted view is already contiguous (sbhd mode 0,
+or bshd mode 0 with b == 1), returning the functional collective's AsyncCollectiveTensor as is.
+Bytes travel as uint8, so every 1-, 2- and 4-byte dtype is moved bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from .plan import Plan
+from .validation import plan_call, window_bytes_by_tag
+
+# Dimension indices of the batch, sequence, head and head-dim axes in each layout.
+_DIMS = {"bshd": {"b": 0, "s": 1, "h": 2, "d": 3}, "sbhd": {"s": 0, "b": 1, "h": 2, "d": 3}}
+
+
+class TorchUlyssesGroup:
+    """The Ulysses all-to-alls on `torch.distributed`: permute, `all_to_all_single` with split
+    sizes, permute back. Bit-exact with `UlyssesGroup` and `fast_ulysses.simulate`.
+
+    Arguments:
+        process_group: the ranks of the sequence-parallel group (None: the default group).
+        initial_pool_bytes: accepted for signature parity with `UlyssesGroup`; unused (>= 0).
+
+    Attributes:
+        fallback: always True.
+        fallback_reason: why it was chosen ("requested" unless `make_group` says otherwise).
+        rank, world_size: this rank in the group and the group's size.
+        process_group: the group the collectives run on.
+    """
+
+    fallback = True
+
+    def __init__(self, process_group=None, initial_pool_bytes: int = 0):
+        if process_group is None:
+            process_group = dist.group.WORLD
+        if process_group is None:
+            raise RuntimeError("TorchUlyssesGroup needs torch.distributed initialised: call "
+                               "torch.distributed.init_process_group first")
+        if not isinstance(initial_pool_bytes, int) or initial_pool_bytes < 0:
+            raise ValueError(f"initial_pool_bytes is {initial_pool_bytes!r}: it must be an "
+                             "int >= 0")
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.initial_pool_bytes = initial_pool_bytes
+        self.fallback_reason = "requested"
+        self._destroyed = False
+
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *, seq_splits=None,
+                             head_splits=None, layout: str = "bshd") -> torch.Tensor:
+        """One Ulysses all-to-all; collective: every rank makes the same call.
+
+        Arguments:
+            x: this rank's input, 4-d contiguous, in `layout` order: mode 0
+                (b, seq_splits[r], N, d), mode 1 (b, S, head_splits[r], d) (bshd).
+            mode: 0 (sequence -> heads) or 1 (heads -> sequence).
+            tag: the call's window name; only checked to be a str here.
+            seq_splits, head_splits: per-rank rows / heads; None means even.
+            layout: "bshd" or "sbhd".
+
+        Returns:
+            A new contiguous tensor of the plan's output shape: an AsyncCollectiveTensor where
+            no relayout follows the collective, else a plain tensor that waited for it (on NCCL
+            a stream wait, not a host block).
+
+        Raises:
+            ValueError with the plan's message for a bad shape, split, mode or layout, or the
+            fast path's message for a bad tensor; RuntimeError after `destroy()`.
+        """
+        self._check_alive()
+        _check_tag(tag)
+        p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
+                      head_splits=head_splits, layout=layout)
+        return _exchange(x, p, self.process_group)
+
+    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
+                                      seq_splits=None, head_splits=None, layout: str = "bshd",
+                                      barrier: bool = True) -> torch.Tensor:
+        """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
+        `barrier` changes nothing. Arguments, returns and raises as `all_to_all_single_4d`."""
+        return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
+                                         head_splits=head_splits, layout=layout)
+
+    def barrier(self) -> None:
+        """The closing handshake of borrowed calls made with barrier=False: a no-op here."""
+        self._check_alive()
+
+    def reserve(self, calls) -> None:
+        """Checks the calls this process will make, as `UlyssesGroup.reserve` does; no window
+        is sized (there are none).
+
+        Arguments:
+            calls: an iterable of `fast_ulysses.CallSpec`.
+
+        Raises:
+            ValueError naming the first call the plan rejects.
+        """
+        self._check_alive()
+        window_bytes_by_tag(calls, self.world_size, self.rank)
+
+    def destroy(self) -> None:
+        """Ends the group's use; later calls raise RuntimeError. Calling it again is a no-op."""
+        self._destroyed = True
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self._destroyed else f"rank {self.rank} of {self.world_size}"
+        return f"TorchUlyssesGroup({state}, fallback_reason={self.fallback_reason!r})"
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise RuntimeError("this TorchUlyssesGroup was destroyed: build a new group with "
+                               "fast_ulysses.make_group")
+
+
+def _check_tag(tag) -> None:
+    if not isinstance(tag, str):
+        raise ValueError(f"tag is {tag!r}: it must be a str")
+
+
+def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
+    """(split dim, sender's splits, receiver's splits, chunk order) of a call."""
+    dims = _DIMS[p.layout]
+    if p.mode == 0:
+        split, cat, send, recv = dims["h"], dims["s"], p.head_splits, p.seq_splits
+    else:
+        split, cat, send, recv = dims["s"], dims["h"], p.seq_splits, p.head_splits
+    order = [cat] + [k for k in range(4) if k != cat]
+    return split, send, recv, order
+
+
+def _exchange(x: torch.Tensor, p: Plan, group) -> torch.Tensor:
+    split, send_splits, recv_splits, order = _axes(p)
+    es = x.element_size()
+    xs = x.permute(order)
+    pos = order.index(split)
+    send = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+    in_bytes, offset = [], 0
+    for start, count in _ranges(send_splits):
+        chunk = xs.narrow(pos, start, count)
+        send[offset:offset + chunk.numel()].view(chunk.shape).copy_(chunk)
+        offset += chunk.numel()
+        in_bytes.append(chunk.numel() * es)
+    out_c = [p.output_shape[k] for k in order]  # the output, cat dimension first
+    row = math.prod(out_c[1:]) * es  # bytes of one cat-dimension slice
+    out_bytes = [count * row for count in recv_splits]
+    recv = funcol.all_to_all_single(send.view(torch.uint8), out_bytes, in_bytes, group)
+    out = recv.view(x.dtype).view(out_c).permute(_inverse(order))
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _ranges(splits):
+    start = 0
+    for count in splits:
+        yield start, count
+        start += count
+
+
+def _inverse(order: list[int]) -> list[int]:
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return inverse

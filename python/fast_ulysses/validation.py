@@ -1,0 +1,141 @@
+"""Checks shared by every group implementation: the input tensor's rules, and the declared calls
+of `reserve`.
+
+Shapes and splits are never checked here: that is the plan's job (`fast_ulysses.plan`), so the
+fast group, the torch fallback and the GPU-free tools raise the same ValueError for the same call.
+The tensor rules repeat csrc/ops/plan_ops.cpp `checked_element_size` word for word, so a bad
+tensor reads the same whichever group rejected it.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from .plan import Plan, plan
+
+
+def check_input(x: torch.Tensor) -> int:
+    """Checks the rules every all-to-all input obeys, before anything is sent.
+
+    Arguments:
+        x: this rank's input.
+
+    Returns:
+        Its element size in bytes (1, 2 or 4).
+
+    Raises:
+        ValueError if x is not a 4-d contiguous tensor of a 1-, 2- or 4-byte, non-bool,
+        non-complex dtype (the device rule is each group's own).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
+    if x.dim() != 4:
+        raise ValueError(f"x has shape {_dims(x.shape)}: it must be 4-d (bshd or sbhd)")
+    if not x.is_contiguous():
+        raise ValueError(f"x with shape {_dims(x.shape)} and strides {_dims(x.stride())} is not "
+                         "contiguous: call .contiguous() first")
+    dtype = x.dtype
+    name = _scalar_type_name(dtype)
+    if dtype.is_complex or dtype == torch.bool:
+        raise ValueError(f"x has dtype {name}: complex and bool tensors are not supported")
+    size = x.element_size()
+    if size not in (1, 2, 4):
+        raise ValueError(f"x has dtype {name} of {size} bytes: element size must be 1, 2 or 4 "
+                         "bytes (float16 and bfloat16 are the main ones)")
+    return size
+
+
+def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_splits=None,
+              head_splits=None, layout: str = "bshd") -> Plan:
+    """Checks one call of this rank and returns its plan (resolved splits, output shape).
+
+    Arguments:
+        x: this rank's input tensor.
+        world_size, rank: the group's size and this rank.
+        mode, seq_splits, head_splits, layout: as for `all_to_all_single_4d`.
+
+    Returns:
+        The `Plan` of this rank for the call.
+
+    Raises:
+        ValueError from `check_input` or from the plan, with the plan's message.
+    """
+    check_input(x)
+    return plan(world_size, rank, mode, tuple(x.shape), x.dtype, seq_splits=seq_splits,
+                head_splits=head_splits, layout=layout)
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One call a process will make, declared ahead for `group.reserve`.
+
+    Arguments:
+        shape: this rank's input shape, in `layout` order.
+        dtype: the input's torch dtype.
+        mode: 0 (sequence -> heads) or 1 (heads -> sequence).
+        tag: the window the call uses; calls with one tag share one window.
+        seq_splits, head_splits: per-rank rows / heads, None for even.
+        layout: "bshd" or "sbhd".
+    """
+
+    shape: tuple
+    dtype: torch.dtype
+    mode: int
+    tag: str
+    seq_splits: tuple | None = None
+    head_splits: tuple | None = None
+    layout: str = "bshd"
+
+
+def window_bytes_by_tag(calls: Iterable[CallSpec], world_size: int, rank: int) -> dict[str, int]:
+    """The window every declared tag needs: the largest `window_bytes` of its calls.
+
+    Arguments:
+        calls: the declared calls (an iterable of `CallSpec`).
+        world_size, rank: the group's size and this rank.
+
+    Returns:
+        {tag: bytes}, tags in the order they first appear.
+
+    Raises:
+        ValueError naming the call (by position) that is not a CallSpec, has a bad tag or a
+        dtype whose element size the ops reject, or that the plan rejects.
+    """
+    sizes: dict[str, int] = {}
+    for index, call in enumerate(calls):
+        if not isinstance(call, CallSpec):
+            raise ValueError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
+                             "fast_ulysses.CallSpec values")
+        if not isinstance(call.tag, str) or not call.tag:
+            raise ValueError(f"calls[{index}] has tag {call.tag!r}: a tag is a non-empty str")
+        try:
+            check_input(torch.empty(0, 0, 0, 0, dtype=call.dtype, device="meta"))
+            p = plan(world_size, rank, call.mode, tuple(call.shape), call.dtype,
+                     seq_splits=call.seq_splits, head_splits=call.head_splits,
+                     layout=call.layout)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"calls[{index}] (tag {call.tag!r}): {error}") from error
+        sizes[call.tag] = max(sizes.get(call.tag, 0), p.window_bytes)
+    return sizes
+
+
+def _dims(values) -> str:
+    # c10 prints an IntArrayRef as "[2, 3, 4]"; so does a Python list of ints.
+    return str([int(v) for v in values])
+
+
+@functools.lru_cache(maxsize=None)
+def _scalar_type_name(dtype: torch.dtype) -> str:
+    """The c10 ScalarType name of `dtype` ("Half", "ComplexFloat", ...), as C++ prints it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 warns that it is experimental
+        try:
+            legacy = torch.empty(0, dtype=dtype).type()  # "torch.HalfTensor"
+        except (RuntimeError, TypeError):
+            return str(dtype).removeprefix("torch.")
+    return legacy.removeprefix("torch.").removesuffix("Tensor")

@@ -1,0 +1,208 @@
+"""Correctness checks of a Ulysses group, run by every rank of a torchrun job
+(a2a_correctness.py). Every result is compared bit-exactly with fast_ulysses.simulate on inputs
+every rank can rebuild locally (seeded per call and rank), and optionally with a reference group
+(TorchUlyssesGroup) fed the same inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+import fast_ulysses as fu
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    seq_splits: tuple
+    head_splits: tuple
+    head_dim: int
+    dtype: torch.dtype
+    layout: str
+
+    def input_shape(self, rank: int) -> tuple:  # mode 0 input of `rank`
+        s, n = self.seq_splits[rank], sum(self.head_splits)
+        return (self.batch, s, n, self.head_dim) if self.layout == "bshd" else \
+            (s, self.batch, n, self.head_dim)
+
+
+def balanced(total: int, parts: int) -> tuple:
+    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
+
+
+def cases(world_size: int) -> list[Case]:
+    """Both layouts; even and uneven seq and head splits (zero rows included); fp16 and bf16;
+    b in {1, 2}; the real uneven head counts (Wan 1.3B 12 on 8, HunyuanVideo 24 on 5)."""
+    P = world_size
+    seqs = {"even": (4,) * P, "uneven": tuple((3 * i + 1) % 5 for i in range(P))}
+    if sum(seqs["uneven"]) == 0:
+        seqs["uneven"] = (3,) * P
+    heads = {"even": (2,) * P, "uneven": balanced(2 * P + 1, P)}
+    if P == 8:
+        heads["wan-1.3b"] = balanced(12, 8)
+    if P == 5:
+        heads["hunyuan"] = balanced(24, 5)
+    out = []
+    for (sname, seq), (hname, head), layout, dtype, batch in itertools.product(
+            seqs.items(), heads.items(), ("bshd", "sbhd"), (torch.float16, torch.bfloat16),
+            (1, 2)):
+        if dtype == torch.float16 and batch == 2 and sname == hname:
+            continue  # keep the matrix moderate; every other combination runs
+        out.append(Case(batch, seq, head, 64, dtype, layout))
+    return out
+
+
+def inputs_for(case: Case, world_size: int, seed: int, mode: int = 0) -> list[torch.Tensor]:
+    """Every rank's input for one call, on the CPU, the same on every rank."""
+    result = []
+    for r in range(world_size):
+        g = torch.Generator().manual_seed(seed * 1009 + r)
+        shape = case.input_shape(r)
+        if mode == 1:
+            S, h = sum(case.seq_splits), case.head_splits[r]
+            shape = (case.batch, S, h, case.head_dim) if case.layout == "bshd" else \
+                (S, case.batch, h, case.head_dim)
+        result.append((torch.randn(shape, generator=g) * 4 + 1).to(case.dtype))
+    return result
+
+
+class Checker:
+    """Runs the checks on one group; `reference` (optional) is a second group with the same
+    entry points run on `reference_device` (a TorchUlyssesGroup)."""
+
+    def __init__(self, group, rank, world_size, device, reference=None, reference_device=None):
+        self.group, self.rank, self.P, self.device = group, rank, world_size, device
+        self.reference, self.reference_device = reference, reference_device
+        self.passed: list[str] = []
+
+    def expect(self, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        got = got.to("cpu")
+        if got.shape != want.shape or not torch.equal(got.view(torch.uint8) if got.numel() else got,
+                                                      want.view(torch.uint8) if want.numel() else want):
+            bad = "shape" if got.shape != want.shape else \
+                f"{(got != want).sum().item()} of {want.numel()} elements"
+            raise AssertionError(f"rank {self.rank}: {name}: mismatch ({bad}); got shape "
+                                 f"{tuple(got.shape)}, want {tuple(want.shape)}")
+
+    def splits(self, case):
+        return dict(seq_splits=list(case.seq_splits), head_splits=list(case.head_splits),
+                    layout=case.layout)
+
+    def check_matrix(self) -> None:
+        for i, case in enumerate(cases(self.P)):
+            xs = inputs_for(case, self.P, seed=i)
+            want = fu.simulate(xs, 0, **self.splits(case))
+            x = xs[self.rank].to(self.device)
+            y = self.group.all_to_all_single_4d(x, 0, "matrix", **self.splits(case))
+            self.expect(f"case {i} {case} mode 0", y, want[self.rank])
+            z = self.group.all_to_all_single_4d(y, 1, "matrix-back", **self.splits(case))
+            self.expect(f"case {i} mode 1 (round trip)", z, xs[self.rank])
+            back = fu.simulate(want, 1, **self.splits(case))
+            self.expect(f"case {i} mode 1 vs simulate", z, back[self.rank])
+            yb = self.group.all_to_all_single_4d_borrowed(x, 0, "matrix-b", **self.splits(case))
+            self.expect(f"case {i} borrowed mode 0", yb, want[self.rank])
+            if self.reference is not None:
+                yr = self.reference.all_to_all_single_4d(xs[self.rank].to(self.reference_device),
+                                                         0, "matrix", **self.splits(case))
+                self.expect(f"case {i} vs reference group", y, yr.to("cpu"))
+        self.passed.append(f"matrix: {len(cases(self.P))} cases x (copy, round trip, borrowed)")
+
+    def check_async_consumer(self) -> None:
+        case = cases(self.P)[0]
+        xs = inputs_for(case, self.P, seed=101)
+        want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
+        y = self.group.all_to_all_single_4d(xs[self.rank].to(self.device), 0, "async",
+                                            **self.splits(case))
+        z = y * 2 + 1  # the first aten op waits, stream-ordered; no synchronize anywhere
+        self.expect("async result consumed by another op", z, want * 2 + 1)
+        self.passed.append("async result consumed without synchronize")
+
+    def check_borrowed_lifetime(self) -> None:
+        case = cases(self.P)[-1]
+        xa, xb, xa2 = (inputs_for(case, self.P, seed=s) for s in (201, 202, 203))
+        wa, wb, wa2 = (fu.simulate(x, 0, **self.splits(case))[self.rank] for x in (xa, xb, xa2))
+        a = self.group.all_to_all_single_4d_borrowed(xa[self.rank].to(self.device), 0, "life-a",
+                                                     **self.splits(case))
+        b = self.group.all_to_all_single_4d_borrowed(xb[self.rank].to(self.device), 0, "life-b",
+                                                     **self.splits(case))
+        self.expect("borrowed a after a call with another tag", a, wa)
+        self.expect("borrowed b", b, wb)
+        a2 = self.group.all_to_all_single_4d_borrowed(xa2[self.rank].to(self.device), 0,
+                                                      "life-a", **self.splits(case))
+        self.expect("borrowed a overwritten by the next call with its tag", a, wa2)
+        self.expect("the new borrowed a", a2, wa2)
+        self.expect("borrowed b untouched by tag a", b, wb)
+        self.passed.append("borrowed lifetime")
+
+    def check_deferred_barrier(self) -> None:
+        case = cases(self.P)[1]
+        tags = ("q", "k", "v")
+        xs = [inputs_for(case, self.P, seed=300 + i) for i in range(3)]
+        wants = [fu.simulate(x, 0, **self.splits(case))[self.rank] for x in xs]
+        outs = [self.group.all_to_all_single_4d_borrowed(x[self.rank].to(self.device), 0, t,
+                                                         barrier=False, **self.splits(case))
+                for x, t in zip(xs, tags)]
+        try:
+            self.group.all_to_all_single_4d_borrowed(xs[0][self.rank].to(self.device), 0, "q",
+                                                     barrier=False, **self.splits(case))
+        except ValueError as error:
+            assert "barrier()" in str(error), error
+        else:
+            raise AssertionError("reusing a deferred tag before barrier() did not raise")
+        self.group.barrier()
+        for t, got, want in zip(tags, outs, wants):
+            self.expect(f"deferred {t} after barrier()", got, want)
+        self.passed.append("barrier=False on q, k, v then barrier()")
+
+    def check_back_to_back(self, iterations: int) -> None:
+        """Fresh random inputs every call, issued back to back (no host sync), results kept
+        (borrowed ones cloned on the stream) and checked in batches: window reuse races show."""
+        case_list = cases(self.P)
+        batch = 50
+        for start in range(0, iterations, batch):
+            issued = []
+            for t in range(start, min(start + batch, iterations)):
+                case = case_list[t % len(case_list)]
+                mode = t % 2
+                xs = inputs_for(case, self.P, seed=10_000 + t, mode=mode)
+                x = xs[self.rank].to(self.device, non_blocking=True)
+                tag = f"loop{t % 3}"
+                if t % 3 == 2:
+                    y = self.group.all_to_all_single_4d_borrowed(x, mode, tag,
+                                                                 **self.splits(case)).clone()
+                else:
+                    y = self.group.all_to_all_single_4d(x, mode, tag, **self.splits(case))
+                issued.append((t, case, mode, xs, y))
+            for t, case, mode, xs, y in issued:
+                want = fu.simulate(xs, mode, **self.splits(case))[self.rank]
+                self.expect(f"back-to-back call {t}", y, want)
+        self.passed.append(f"{iterations} back-to-back calls, every result checked")
+
+    def check_bad_calls(self) -> None:
+        x = torch.randn(1, 4, 2 * self.P + 1, 64, dtype=torch.bfloat16, device=self.device)
+        bad = [
+            ("indivisible heads", lambda: self.group.all_to_all_single_4d(x, 0, "bad"),
+             "head_splits") if self.P > 1 else None,
+            ("bad mode", lambda: self.group.all_to_all_single_4d(x, 2, "bad"), "mode"),
+            ("bad layout", lambda: self.group.all_to_all_single_4d(x, 0, "bad", layout="bhsd"),
+             "layout"),
+            ("cpu input", lambda: self.group.all_to_all_single_4d(x.cpu(), 0, "bad"), "device"),
+            ("non-contiguous", lambda: self.group.all_to_all_single_4d(
+                x.transpose(1, 2), 0, "bad"), "contiguous"),
+            ("d * element size not a multiple of 16",
+             lambda: self.group.all_to_all_single_4d(x[..., :4].contiguous(), 0, "bad",
+                                                     head_splits=list(balanced(2 * self.P + 1,
+                                                                               self.P))),
+             "multiple of 16"),
+        ]
+        for entry in filter(None, bad):
+            name, call, needle = entry
+            try:
+                call()
+            except ValueError as error:
+                assert needle in str(error), f"{name}: message {error!s} lacks {needle!r}"
+            else:
+                raise AssertionError(f"bad call '{name}' did not raise ValueError")
+        self.passed.append("bad calls raise ValueError before anything is sent")

@@ -1,0 +1,127 @@
+"""torchrun worker: the fast path's correctness on a real node, or with ranks sharing one GPU.
+
+    # a real node, one GPU per rank, NCCL; the reference is TorchUlyssesGroup over NCCL
+    torchrun --nproc-per-node 8 tests/distributed/a2a_correctness.py
+    # P ranks sharing cuda:0 (gloo; the reference group runs on CPU copies over gloo)
+    FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 4 \
+        tests/distributed/a2a_correctness.py --shared-gpu
+
+Rank 0 prints one line per check group and a closing 'N passed, N failed' line; any failure
+raises on the rank that saw it, so torchrun exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import a2a_checks  # noqa: E402
+
+import fast_ulysses as fu  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="all ranks on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    parser.add_argument("--iterations", type=int, default=1000,
+                        help="back-to-back calls with fresh inputs (default 1000)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="compare with simulate only, not with TorchUlyssesGroup")
+    return parser.parse_args()
+
+
+def reference_group(pg, shared_gpu: bool, device):
+    """TorchUlyssesGroup on the same ranks: NCCL on the GPUs, or gloo on CPU copies."""
+    if not hasattr(fu, "TorchUlyssesGroup"):
+        return None, None
+    if shared_gpu:
+        return fu.TorchUlyssesGroup(pg), torch.device("cpu")
+    return fu.TorchUlyssesGroup(pg), device
+
+
+def check_reserve_and_recreate(pg, rank, world_size, device, log) -> str:
+    """destroy() then a new group in the same processes; reserve() seals the pool and an
+    undeclared call raises before anything is sent; use after destroy raises."""
+    group = fu.UlyssesGroup(pg, 0)
+    case = a2a_checks.cases(world_size)[0]
+    shape = case.input_shape(rank)
+    group.reserve([fu.CallSpec(shape=shape, dtype=case.dtype, mode=0, tag="declared",
+                               seq_splits=list(case.seq_splits),
+                               head_splits=list(case.head_splits), layout=case.layout)])
+    stats = group.stats()
+    assert stats["sealed"] == 1, stats
+    xs = a2a_checks.inputs_for(case, world_size, seed=77)
+    y = group.all_to_all_single_4d(xs[rank].to(device), 0, "declared",
+                                   seq_splits=list(case.seq_splits),
+                                   head_splits=list(case.head_splits), layout=case.layout)
+    want = fu.simulate(xs, 0, seq_splits=list(case.seq_splits),
+                       head_splits=list(case.head_splits), layout=case.layout)[rank]
+    assert torch.equal(y.cpu(), want), "declared call after reserve() is wrong"
+    for tag, scale in (("undeclared", 1), ("declared", 4)):
+        big = torch.randn(case.batch * scale, *shape[1:], dtype=case.dtype, device=device) \
+            if case.layout == "bshd" else torch.randn(shape[0], case.batch * scale, *shape[2:],
+                                                      dtype=case.dtype, device=device)
+        try:
+            group.all_to_all_single_4d(big, 0, tag, seq_splits=list(case.seq_splits),
+                                       head_splits=list(case.head_splits), layout=case.layout)
+        except ValueError as error:
+            assert "reserve()" in str(error), error
+        else:
+            raise AssertionError(f"call with tag {tag!r} x{scale} after reserve() did not raise")
+    group.destroy()
+    try:
+        group.barrier()
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("barrier() after destroy() did not raise")
+    return "reserve() seals; undeclared and oversized calls raise; destroy + new group"
+
+
+def main() -> int:
+    args = parse_args()
+    backend = "gloo" if args.shared_gpu else "nccl"
+    dist.init_process_group(backend)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", 0 if args.shared_gpu else local_rank)
+    torch.cuda.set_device(device)
+    pg = dist.group.WORLD
+
+    start = time.time()
+    passed = []
+    group = fu.UlyssesGroup(pg, initial_pool_bytes=1 << 20)
+    ref, ref_device = (None, None) if args.no_reference else reference_group(
+        pg, args.shared_gpu, device)
+    checker = a2a_checks.Checker(group, rank, world_size, device, ref, ref_device)
+    for check in (checker.check_matrix, checker.check_async_consumer,
+                  checker.check_borrowed_lifetime, checker.check_deferred_barrier,
+                  checker.check_bad_calls):
+        check()
+    checker.check_back_to_back(args.iterations)
+    passed += checker.passed
+    group.destroy()
+    passed.append(check_reserve_and_recreate(pg, rank, world_size, device, print))
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 0:
+        for line in passed:
+            print(f"  ok  {line}")
+        print(f"P={world_size} ({'ranks share one GPU' if args.shared_gpu else backend}), "
+              f"{time.time() - start:.1f} s, reference: "
+              f"{'simulate + TorchUlyssesGroup' if ref is not None else 'simulate'}")
+        print(f"{len(passed)} passed, 0 failed")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""One rank of the TorchUlyssesGroup test (run by test_torch_group.py through _launcher.py).
+
+All ranks join one gloo world of --world-size ranks; for P = 1..world_size the last P ranks form
+a subgroup (so group rank != global rank is exercised) and run every case against
+fast_ulysses.simulate, bit for bit. Inputs are seeded per (case, rank), so each rank rebuilds
+every rank's input locally. After each P, a line "P <p> ok" is printed; the first failure prints
+its traceback and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import fast_ulysses
+from fast_ulysses.torch_group import TorchUlyssesGroup
+from fast_ulysses.validation import CallSpec
+
+# (dtype, b) pairs: every dtype and both batch sizes, without their full product (2 cores).
+DTYPE_BATCH = ((torch.float16, 1), (torch.bfloat16, 2), (torch.float32, 2))
+HEAD_DIM = 8  # 16 bytes per fp16 row: the smallest the plan accepts
+
+
+def split_cases(P: int):
+    """(name, seq_splits, head_splits) covering even, uneven and zero-sized splits."""
+    cases = [("even", None, None), ("even-explicit", [2] * P, [1] * P)]
+    if P > 1:
+        cases.append(("zero-rows", [(r * 2 + 1) % 4 if r else 0 for r in range(P)], [2] * P))
+        cases.append(("zero-heads", [3] * P, [0] + [2] * (P - 1)))
+    if P == 8:
+        cases.append(("wan-1.3b", [5, 3, 0, 4, 4, 4, 4, 1], [2, 2, 2, 2, 1, 1, 1, 1]))
+    if P == 5:
+        cases.append(("hunyuan", [3, 3, 3, 3, 2], [5, 5, 5, 5, 4]))
+    return cases
+
+
+def input_shape(mode, layout, b, rank, P, seq, heads):
+    """Rank `rank`'s input shape; None splits mean 2 rows and 2 heads per rank."""
+    seq = seq or [2] * P
+    heads = heads or [2] * P
+    s, n = (seq[rank], sum(heads)) if mode == 0 else (sum(seq), heads[rank])
+    return (b, s, n, HEAD_DIM) if layout == "bshd" else (s, b, n, HEAD_DIM)
+
+
+def make_input(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 100).to(dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def check_cases(group: TorchUlyssesGroup, P: int) -> int:
+    rank, count = group.rank, 0
+    for (name, seq, heads), mode, layout, (dtype, b) in itertools.product(
+            split_cases(P), (0, 1), ("bshd", "sbhd"), DTYPE_BATCH):
+        seed = 100_000 * P + 1000 * count
+        inputs = [make_input(input_shape(mode, layout, b, r, P, seq, heads), dtype, seed + r)
+                  for r in range(P)]
+        kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
+        expected = fast_ulysses.simulate(inputs, mode, **kw)[rank]
+        if count % 2:
+            got = group.all_to_all_single_4d_borrowed(inputs[rank], mode, "t", barrier=False,
+                                                      **kw)
+            group.barrier()
+        else:
+            got = group.all_to_all_single_4d(inputs[rank], mode, "t", **kw)
+        if not same_bits(got, expected):
+            raise AssertionError(f"P={P} rank {rank} case {name} mode={mode} {layout} "
+                                 f"{dtype} b={b}: output differs from simulate "
+                                 f"(shapes {tuple(got.shape)} vs {tuple(expected.shape)})")
+        count += 1
+    return count
+
+
+def bad_calls(P: int):
+    """Calls every rank gets wrong the same way: (mode, shape, kwargs)."""
+    calls = [(2, (1, 2, 2 * P, 8), {}), (0, (1, 2, 2 * P, 8), {"layout": "bhsd"}),
+             (0, (1, 2, 2 * P, 8), {"seq_splits": [2] * (P + 1)}),
+             (1, (1, 2 * P, 2, 8), {"head_splits": [3] * P}),
+             (0, (1, 2, 2 * P, 12), {})]  # 24-byte rows
+    if P > 1:
+        calls.append((0, (1, 2, P + 1, 8), {}))  # heads that P does not divide
+    return calls
+
+
+def check_errors(group: TorchUlyssesGroup, P: int) -> None:
+    for mode, shape, kw in bad_calls(P):
+        x = torch.zeros(shape, dtype=torch.bfloat16)
+        try:
+            fast_ulysses.plan(P, group.rank, mode, shape, x.dtype, **kw)
+        except ValueError as error:
+            want = str(error)
+        else:
+            raise AssertionError(f"plan accepted the bad call {mode} {shape} {kw}")
+        for call in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
+            try:
+                call(x, mode, "t", **kw)
+            except ValueError as error:
+                if str(error) != want:
+                    raise AssertionError(f"{call.__name__}: {error!s} != plan's {want}")
+            else:
+                raise AssertionError(f"{call.__name__} accepted {mode} {shape} {kw}")
+
+
+def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
+    group.reserve([CallSpec((1, 2, 2 * P, 8), torch.bfloat16, 0, "q"),
+                   CallSpec((1, 2 * P, 2, 8), torch.bfloat16, 1, "o")])
+    try:
+        group.reserve([CallSpec((1, 2, P + 1, 8), torch.bfloat16, 0, "q")] if P > 1 else [1])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("reserve accepted a call the plan rejects")
+    group.destroy()
+    x = torch.zeros(1, 2, 2 * P, 8, dtype=torch.bfloat16)
+    for use in (lambda: group.all_to_all_single_4d(x, 0, "q"), group.barrier,
+                lambda: group.all_to_all_single_4d_borrowed(x, 0, "q"),
+                lambda: group.reserve([])):
+        try:
+            use()
+        except RuntimeError:
+            continue
+        raise AssertionError("a call after destroy() did not raise RuntimeError")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--init", required=True)
+    args = parser.parse_args()
+    timeout = datetime.timedelta(seconds=60)
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
+                            world_size=args.world_size, timeout=timeout)
+    W = args.world_size
+    try:
+        for P in range(1, W + 1):
+            members = list(range(W - P, W))
+            pg = dist.new_group(members, timeout=timeout)  # collective: every rank calls it
+            if args.rank in members:
+                group = TorchUlyssesGroup(pg)
+                assert group.rank == args.rank - (W - P) and group.world_size == P
+                n = check_cases(group, P)
+                check_errors(group, P)
+                check_reserve_and_destroy(group, P)
+                print(f"P {P} ok ({n} cases)", flush=True)
+            dist.barrier()
+    except Exception:  # noqa: BLE001 - report everything, then fail this rank
+        traceback.print_exc()
+        sys.stdout.flush()
+        return 1
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
