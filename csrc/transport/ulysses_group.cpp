@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 #include <sstream>
 
 #include "transport/copy_engine.h"
@@ -38,6 +40,22 @@ double watchdog_timeout_s() {
   return value ? std::atof(value) : 300.0;
 }
 
+// One communication stream per device for the whole process, never destroyed: the caching
+// allocator records events on it for every tensor it touched (recordStream), which may be freed
+// long after the group that issued the work is gone.
+cudaStream_t communication_stream(int device_index) {
+  static std::mutex mutex;
+  static std::unordered_map<int, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = streams.find(device_index);
+  if (found != streams.end()) return found->second;
+  int least = 0, greatest = 0;
+  FU_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  FU_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+  return streams[device_index] = stream;
+}
+
 void record_stream(const at::Tensor& tensor, cudaStream_t stream, int device_index) {
   if (!tensor.defined() || tensor.numel() == 0) return;
   c10::cuda::CUDACachingAllocator::recordStream(
@@ -53,17 +71,12 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       pool_(group_name_, device, initial_pool_bytes),
       handshake_(pool_.rank(), pool_.headers()) {
   c10::cuda::CUDAGuard guard(device_);
-  int least = 0, greatest = 0;
-  FU_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  FU_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
+  comm_ = communication_stream(device_.index());
   watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), world_size(), handshake_,
                                          watchdog_timeout_s());
 }
 
-UlyssesGroup::~UlyssesGroup() {
-  watchdog_.reset();
-  if (comm_) cudaStreamDestroy(comm_);
-}
+UlyssesGroup::~UlyssesGroup() { watchdog_.reset(); }
 
 UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
   auto found = tags_.find(tag);

@@ -1,7 +1,7 @@
 // The fast path's per-process state for one process group: windows, handshake, streams, and the
 // issue order of one all-to-all.
 //
-// Streams. The caller's stream C and one communication stream M per group. A call forks M from
+// Streams. The caller's stream C and the device's communication stream M (one per device). A call forks M from
 // C, issues every remote copy on M (peer rank+1 first, then rank+2, ...: peers are not all hit
 // at once), copies this rank's own share on C (a same-device copy is an SM copy either way), and
 // closes on M (owned result: the copy out of the window runs there too) or on C (borrowed).
@@ -78,7 +78,7 @@ class UlyssesGroup {
   c10::Device device_;
   WindowPool pool_;
   Handshake handshake_;
-  cudaStream_t comm_ = nullptr;
+  cudaStream_t comm_ = nullptr;  // shared by every group on the device, lives as long as the process
   std::unordered_map<std::string, TagState> tags_;
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<Watchdog> watchdog_;

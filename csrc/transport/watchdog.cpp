@@ -46,7 +46,12 @@ void Watchdog::run() {
       if (waited < timeout_s_) break;
       if (entry.reported || cudaEventQuery(*entry.event) == cudaSuccess) continue;
       entry.reported = true;
-      report(entry, waited);
+      try {
+        report(entry, waited);
+      } catch (const std::exception& error) {  // never let the watchdog take the process down
+        std::fprintf(stderr, "fast-ulysses watchdog: %s (report failed: %s)\n",
+                     entry.what.c_str(), error.what());
+      }
     }
   }
 }

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import fast_ulysses
+from fast_ulysses.factory import make_group
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
 
@@ -132,6 +133,14 @@ def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
         raise AssertionError("a call after destroy() did not raise RuntimeError")
 
 
+def check_make_group(pg) -> None:
+    """make_group gathers the topology over the subgroup; CPU-only ranks get the fallback."""
+    group = make_group(pg, 1 << 20)
+    assert isinstance(group, TorchUlyssesGroup) and group.fallback
+    if not torch.cuda.is_available():
+        assert group.fallback_reason == "no GPU on rank 0", group.fallback_reason
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
@@ -147,6 +156,7 @@ def main() -> int:
             members = list(range(W - P, W))
             pg = dist.new_group(members, timeout=timeout)  # collective: every rank calls it
             if args.rank in members:
+                check_make_group(pg)
                 group = TorchUlyssesGroup(pg)
                 assert group.rank == args.rank - (W - P) and group.world_size == P
                 n = check_cases(group, P)

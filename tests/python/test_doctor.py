@@ -1,0 +1,70 @@
+"""`fast-ulysses doctor`: runs and exits 0 here; on a GPU-less machine it says so plainly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fast_ulysses import hardware
+from fast_ulysses.cli import doctor
+
+NO_GPU = hardware.visible_gpu_count() == 0
+needs_no_gpu = pytest.mark.skipif(not NO_GPU, reason="checks the report of a machine with no GPU")
+needs_gpu = pytest.mark.skipif(NO_GPU, reason="needs a visible CUDA GPU")
+
+
+def _doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fast_ulysses.cli.doctor", *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_doctor_table_exits_0():
+    done = _doctor("--no-symm-init")
+    assert done.returncode == 0, done.stderr
+    assert "make_group verdict" in done.stdout
+
+
+@needs_no_gpu
+def test_doctor_says_no_gpu():
+    done = _doctor()
+    assert done.returncode == 0, done.stderr
+    assert "no GPU" in done.stdout and "TorchUlyssesGroup" in done.stdout
+
+
+def test_doctor_json_is_one_object():
+    done = _doctor("--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for key in ("versions", "gpus", "p2p", "symmetric_memory", "cuda_part", "environment",
+                "verdict"):
+        assert key in report
+    assert report["versions"]["torch"]
+    if NO_GPU:
+        assert report["gpu_available"] is False and report["gpus"] == []
+        assert "no GPU" in report["message"]
+        assert report["verdict"] == {"use_fast": False, "reason": "no GPU on rank 0",
+                                     "group": "one CPU rank"}
+
+
+def test_run_through_the_subcommand_parser(capsys, monkeypatch):
+    monkeypatch.setenv("FAST_ULYSSES_DEBUG", "1")
+    parser = argparse.ArgumentParser(prog="fast-ulysses")
+    doctor.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["doctor", "--json", "--no-symm-init"])
+    assert args.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["environment"]["FAST_ULYSSES_DEBUG"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" in report["environment"]
+
+
+@needs_gpu
+def test_doctor_lists_every_visible_gpu():
+    report = json.loads(_doctor("--json").stdout)
+    count = hardware.visible_gpu_count()
+    assert report["gpu_count"] == count and len(report["gpus"]) == count
+    assert len(report["p2p"]) == count * (count - 1) // 2
+    assert all(g["pci_bus_id"] for g in report["gpus"])

@@ -1,0 +1,134 @@
+"""TorchUlyssesGroup on gloo (CPU): bit-exact with fast_ulysses.simulate for P = 1..8, and the
+same errors as the plan and the fast path's tensor checks.
+
+The multi-rank part launches one 8-rank gloo world once (the P-rank groups are subgroups of it,
+so the machine's 2 cores pay for 8 torch imports, not 36) with a hard timeout."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+
+import fast_ulysses
+from fast_ulysses.torch_group import TorchUlyssesGroup
+from fast_ulysses.validation import CallSpec, check_input, window_bytes_by_tag
+
+from _launcher import describe, run_ranks
+
+WORLD = 8
+WORKER = Path(__file__).with_name("_torch_group_worker.py")
+
+
+@pytest.fixture(scope="module")
+def eight_ranks(tmp_path_factory):
+    return run_ranks(WORKER, WORLD, tmp_path_factory.mktemp("ranks"), timeout=300)
+
+
+@pytest.mark.parametrize("P", range(1, WORLD + 1))
+def test_matches_simulate(eight_ranks, P):
+    members = range(WORLD - P, WORLD)
+    missing = [r for r in members if f"P {P} ok" not in eight_ranks[r].output]
+    assert not missing, f"P={P}: ranks {missing} did not pass\n{describe(eight_ranks)}"
+
+
+def test_all_ranks_exit_cleanly(eight_ranks):
+    assert all(r.returncode == 0 for r in eight_ranks), describe(eight_ranks)
+
+
+BAD_TENSORS = {
+    "3-d": torch.zeros(2, 3, 8),
+    "non-contiguous": torch.zeros(1, 4, 2, 8).transpose(1, 2),
+    "bool": torch.zeros(1, 2, 2, 16, dtype=torch.bool),
+    "complex": torch.zeros(1, 2, 2, 8, dtype=torch.complex64),
+    "float64": torch.zeros(1, 2, 2, 8, dtype=torch.float64),
+    "int64": torch.zeros(1, 2, 2, 8, dtype=torch.int64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TENSORS))
+def test_tensor_errors_match_the_fast_path(world1, name):
+    x = BAD_TENSORS[name]
+    with pytest.raises(ValueError) as native:  # the C++ check, through the Meta kernel
+        torch.ops.fast_ulysses.all_to_all_single_4d(x.to("meta"), 0, "t", world1.group_name)
+    with pytest.raises(ValueError) as python:
+        check_input(x)
+    assert str(python.value) == str(native.value)
+    group = TorchUlyssesGroup(world1)
+    with pytest.raises(ValueError, match="^" + re.escape(str(native.value)) + "$"):
+        group.all_to_all_single_4d(x, 0, "t")
+
+
+@pytest.mark.parametrize("dtype,d", [(torch.float8_e4m3fn, 16), (torch.int8, 16),
+                                     (torch.int32, 4), (torch.float16, 8)])
+def test_other_dtypes_are_bit_exact(world1, dtype, d):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(-100, 100, (2, 3, 4, d), generator=g).to(dtype)
+    group = TorchUlyssesGroup(world1)
+    for layout in ("bshd", "sbhd"):
+        out = group.all_to_all_single_4d(x, 0, "t", layout=layout)
+        want = fast_ulysses.simulate([x], 0, layout=layout)[0]
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_results_stay_async_where_no_relayout_follows(world1):
+    group = TorchUlyssesGroup(world1)
+    sbhd = group.all_to_all_single_4d(torch.ones(3, 2, 4, 8), 0, "t", layout="sbhd")
+    assert isinstance(sbhd, funcol.AsyncCollectiveTensor) and sbhd.is_contiguous()
+    bshd = group.all_to_all_single_4d(torch.ones(2, 3, 4, 8), 0, "t")
+    assert bshd.is_contiguous() and tuple(bshd.shape) == (2, 3, 4, 8)
+    assert torch.equal(sbhd.wait(), torch.ones(3, 2, 4, 8))
+
+
+def test_group_attributes_and_lifetime(world1):
+    group = TorchUlyssesGroup(world1, initial_pool_bytes=1 << 20)
+    assert (group.rank, group.world_size, group.process_group) == (0, 1, world1)
+    assert group.fallback is True and group.fallback_reason == "requested"
+    assert TorchUlyssesGroup().process_group is world1  # None: the default group
+    group.destroy()
+    group.destroy()  # a second destroy is harmless
+    with pytest.raises(RuntimeError, match="destroyed"):
+        group.all_to_all_single_4d(torch.ones(1, 2, 2, 8), 0, "t")
+    with pytest.raises(RuntimeError, match="destroyed"):
+        group.barrier()
+
+
+def test_bad_constructor_arguments(world1):
+    with pytest.raises(ValueError, match="initial_pool_bytes"):
+        TorchUlyssesGroup(world1, initial_pool_bytes=-1)
+    with pytest.raises(ValueError, match="tag"):
+        TorchUlyssesGroup(world1).all_to_all_single_4d(torch.ones(1, 2, 2, 8), 0, 3)
+
+
+def test_window_bytes_by_tag_is_the_largest_plan_per_tag():
+    heads = (2, 2, 2, 2, 1, 1, 1, 1)  # Wan 1.3B: 12 heads on 8 ranks
+    calls = [CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q", head_splits=heads),
+             CallSpec((1, 9, 12, 128), torch.bfloat16, 0, "q", head_splits=heads),
+             CallSpec((1, 72, 2, 128), torch.bfloat16, 1, "o")]
+    got = window_bytes_by_tag(calls, 8, 0)
+    want = {}
+    for c in calls:
+        p = fast_ulysses.plan(8, 0, c.mode, c.shape, c.dtype, head_splits=c.head_splits)
+        want[c.tag] = max(want.get(c.tag, 0), p.window_bytes)
+    assert got == want and list(got) == ["q", "o"]
+
+
+@pytest.mark.parametrize("call,message", [
+    (CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q"), r"calls\[0\] \(tag 'q'\): .*divide"),
+    (CallSpec((1, 6, 8, 128), torch.float64, 0, "q"), r"calls\[0\] .*element size"),
+    (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, ""), r"calls\[0\] has tag ''"),
+    ((1, 6, 8, 128), r"calls\[0\] is a tuple"),
+])
+def test_window_bytes_by_tag_rejects_bad_calls(call, message):
+    with pytest.raises(ValueError, match=message):
+        window_bytes_by_tag([call], 8, 0)
+
+
+def test_reserve_checks_calls(world1):
+    group = TorchUlyssesGroup(world1)
+    group.reserve([CallSpec((1, 6, 8, 128), torch.bfloat16, 0, "q")])
+    with pytest.raises(ValueError, match="element size"):
+        group.reserve([CallSpec((1, 6, 8, 128), torch.float64, 0, "q")])
