@@ -63,7 +63,9 @@ class UlyssesGroup:
         self._destroyed = False
         _check_peers(self.process_group, self.device, self.rank)
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-        enable_symm_mem_for_group(self.group_name)
+        with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
+            warnings.simplefilter("ignore", FutureWarning)
+            enable_symm_mem_for_group(self.group_name)
         ops.create_group(self.group_name, self.device.index, int(initial_pool_bytes))
 
     # -- the collectives -------------------------------------------------------------------

@@ -15,8 +15,8 @@ from fast_ulysses.torch_group import TorchUlyssesGroup
 def gpu(i: int, *, host="node0", socket=0, numa=None, **kw) -> RankInfo:
     """GPU i of `host`, on CPU socket `socket` (NUMA node = socket unless given)."""
     return RankInfo(hostname=host, gpu_index=i, gpu_name="H100",
-                    pci_bus_id=f"0000:{16 + i:02x}:00.0", uuid=f"{host}-gpu{i}", numa_node=socket if numa is None else numa,
-                    cpu_socket=socket, **kw)
+                    pci_bus_id=f"0000:{16 + i:02x}:00.0", uuid=f"{host}-gpu{i}",
+                    numa_node=socket if numa is None else numa, cpu_socket=socket, **kw)
 
 
 def machine(ranks, link="nvlink", *, can_map=True, path="", overrides=None) -> Topology:

@@ -1,0 +1,96 @@
+"""fast_ulysses.plan / simulate: the GPU-free Python face of the C++ plan."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import fast_ulysses as fu
+
+
+def reference(inputs, mode, seq_splits, head_splits, layout):
+    """All-to-all from the definition, with torch.cat / torch.split (not the plan)."""
+    seq_dim = 0 if layout == "sbhd" else 1
+    if mode == 0:
+        full = torch.cat(inputs, dim=seq_dim)                 # (b, S, N, d)
+        return list(torch.split(full, head_splits, dim=2))
+    full = torch.cat(inputs, dim=2)                           # (b, S, N, d)
+    return list(torch.split(full, seq_splits, dim=seq_dim))
+
+
+def make_inputs(P, mode, seq, heads, b, d, dtype, layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for r in range(P):
+        s, n = (seq[r], sum(heads)) if mode == 0 else (sum(seq), heads[r])
+        shape = (b, s, n, d) if layout == "bshd" else (s, b, n, d)
+        out.append((torch.randn(shape, generator=g) * 3).to(dtype))
+    return out
+
+
+@pytest.mark.parametrize("P,layout,mode", list(itertools.product([1, 2, 3, 5, 8], ["bshd", "sbhd"],
+                                                                 [0, 1])))
+def test_simulate_matches_definition(P, layout, mode):
+    seq = [(2 * r + 1) % 4 for r in range(P)]
+    seq[0] += 1
+    heads = [1 + (r % 2) for r in range(P)]
+    xs = make_inputs(P, mode, seq, heads, 2, 16, torch.bfloat16, layout)
+    got = fu.simulate(xs, mode, seq_splits=seq, head_splits=heads, layout=layout)
+    want = reference(xs, mode, seq, heads, layout)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_round_trip_fp16_even():
+    xs = make_inputs(4, 0, [6] * 4, [2] * 4, 1, 64, torch.float16, "bshd")
+    mid = fu.simulate(xs, 0)
+    back = fu.simulate(mid, 1)
+    assert all(torch.equal(a, b) for a, b in zip(back, xs))
+
+
+def test_wan_720p_plan_bytes():
+    p = fu.plan(8, 0, 0, (1, 9450, 40, 128), torch.bfloat16)
+    assert [d.bytes for d in p] == [12_096_000] * 8
+    assert p.output_shape == (1, 75_600, 5, 128)
+    assert p.window_bytes == 96_768_000
+    assert p[3].src_pitch == 40 * 128 * 2 and p[3].width == 5 * 128 * 2
+    assert p.remote_bytes == 7 * 12_096_000
+
+
+def test_plan_descriptor_fields():
+    p = fu.plan(2, 1, 0, (2, 3, 4, 8), torch.float32)
+    names = ["peer", "src_offset", "dst_offset", "width", "height", "depth", "src_pitch",
+             "dst_pitch", "src_slice_pitch", "dst_slice_pitch"]
+    assert all(hasattr(p[0], n) for n in names)
+    assert [d.peer for d in p] == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(world_size=9, rank=0, mode=0, shape=(1, 4, 8, 64)), "world_size=9"),
+    (dict(world_size=2, rank=2, mode=0, shape=(1, 4, 8, 64)), "rank=2"),
+    (dict(world_size=2, rank=0, mode=3, shape=(1, 4, 8, 64)), "mode=3"),
+    (dict(world_size=8, rank=0, mode=0, shape=(1, 4, 12, 64)), "pass head_splits"),
+    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 4)), "multiple of 16"),
+    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8)), "4 dimensions"),
+    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), layout="bhsd"), "layout"),
+    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), seq_splits=[5, 4]), "seq_splits[0]=5"),
+    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), head_splits=[4, 3]), "sums to 7"),
+])
+def test_plan_errors_name_the_argument(kwargs, needle):
+    with pytest.raises(ValueError, match=None) as info:
+        fu.plan(dtype=torch.bfloat16, **kwargs)
+    assert needle in str(info.value)
+
+
+def test_simulate_rejects_mixed_dtypes():
+    with pytest.raises(ValueError, match="dtype"):
+        fu.simulate([torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 8, dtype=torch.float16)], 0)
+
+
+def test_zero_row_rank():
+    xs = make_inputs(3, 0, [0, 3, 2], [1, 1, 1], 1, 16, torch.float16, "bshd")
+    got = fu.simulate(xs, 0, seq_splits=[0, 3, 2], head_splits=[1, 1, 1])
+    want = reference(xs, 0, [0, 3, 2], [1, 1, 1], "bshd")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert fu.plan(3, 0, 0, xs[0].shape, torch.float16, seq_splits=[0, 3, 2]).total_bytes == 0
