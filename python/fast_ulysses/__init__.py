@@ -8,6 +8,7 @@ GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 """
 
 from ._ops import cuda_available, cuda_load_error
+from .factory import make_group
 from .group import UlyssesGroup
 from .plan import CopyDescriptor, Plan, plan, simulate
 from .torch_group import TorchUlyssesGroup
@@ -21,6 +22,7 @@ __all__ = [
     "Plan",
     "cuda_available",
     "cuda_load_error",
+    "make_group",
     "plan",
     "simulate",
     "TorchUlyssesGroup",

@@ -1,0 +1,90 @@
+"""Quick measurement: Wan 2.1 720p mode 0 (b=1, 75,600 tokens, 40 heads, d=128, bf16) on P
+ranks, fast-ulysses copy and borrowed: device time per call (CUDA events over back-to-back
+calls) and host CPU microseconds per call (issue time, no synchronize inside the loop).
+
+    FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
+        benchmarks/quick_wan.py --shared-gpu
+
+With --shared-gpu all ranks share cuda:0: the numbers are same-device SM copies contending for
+one GPU, not NVLink numbers. Prints the slowest rank's medians; JSON with --json PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import fast_ulysses as fu
+
+
+def measure(call, iters: int, warmup: int) -> tuple[float, float]:
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    device_ms, host_us = [], []
+    for _ in range(5):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            call()
+        t1 = time.perf_counter_ns()
+        stop.record()
+        torch.cuda.synchronize()
+        device_ms.append(start.elapsed_time(stop) / iters)
+        host_us.append((t1 - t0) / 1e3 / iters)
+    return statistics.median(device_ms), statistics.median(host_us)
+
+
+def _wait(t):
+    """What the first aten op on an AsyncCollectiveTensor does: stream-ordered wait."""
+    return t.wait() if hasattr(t, "wait") else t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shared-gpu", action="store_true")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    dist.init_process_group("gloo" if args.shared_gpu else "nccl")
+    rank, P = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", 0 if args.shared_gpu else rank)
+    torch.cuda.set_device(device)
+    group = fu.UlyssesGroup(dist.group.WORLD, 256 << 20)
+    tokens, heads = 75_600, 40
+    seq = [tokens // P + (1 if r < tokens % P else 0) for r in range(P)]
+    hsplit = [heads // P + (1 if r < heads % P else 0) for r in range(P)]
+    x = torch.randn(1, seq[rank], heads, 128, dtype=torch.bfloat16, device=device)
+    kw = dict(seq_splits=seq, head_splits=hsplit)
+    results = {}
+    for name, call in (
+            ("copy", lambda: _wait(group.all_to_all_single_4d(x, 0, "q", **kw))),
+            ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw))):
+        ms, us = measure(call, args.iters, warmup=3)
+        stats = torch.tensor([ms, us], dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        results[name] = {"ms_per_call": stats[0].item(), "host_us_per_call": stats[1].item()}
+    group.destroy()
+    if rank == 0:
+        sent = x.numel() * x.element_size()
+        label = "ranks share one GPU (not NVLink)" if args.shared_gpu else "one GPU per rank"
+        print(f"Wan 720p mode 0, P={P}, {label}; {sent / 1e6:.1f} MB in per rank")
+        for name, r in results.items():
+            print(f"  {name:9s} {r['ms_per_call']:.3f} ms/call (slowest rank), "
+                  f"{r['host_us_per_call']:.1f} us host CPU/call, "
+                  f"{sent / r['ms_per_call'] / 1e6:.0f} GB/s per rank")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"world_size": P, "shared_gpu": args.shared_gpu,
+                           "bytes_in_per_rank": sent, **results}, f, indent=2)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
