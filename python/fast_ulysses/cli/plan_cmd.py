@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"[red]fast-ulysses plan: {error}[/red]")
         return 2
     console = Console()
+    console = Console(width=max(console.width, 150))  # 11 numeric columns: never squeeze them
     title = (f"rank {p.rank} of {p.world_size}, mode {p.mode}, {p.layout}, {call['dtype']}: "
              f"{p.input_shape} -> {p.output_shape}")
     table = Table(title=title)

@@ -1,0 +1,1 @@
+"""The stage-by-stage benchmark behind `fast-ulysses bench` (docs/BENCHMARK.md)."""

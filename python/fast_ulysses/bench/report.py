@@ -1,0 +1,139 @@
+"""Turns the benchmark's results dict into a table, a JSON file and a PNG plot. Plain data in,
+files out: testable without a GPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+NA = "n/a"
+
+
+def _ms(value) -> str:
+    return NA if value is None else f"{value:.3f}"
+
+
+def _gbps(nbytes, ms) -> str:
+    return NA if ms in (None, 0) else f"{nbytes / ms / 1e6:.1f}"
+
+
+def _ratio(base, ms) -> str:
+    return NA if base is None or not ms else f"{base / ms:.2f}x"
+
+
+def rows(results: dict) -> list[list[str]]:
+    """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
+    against the permute + all_to_all_single + permute baseline, host us per call."""
+    out = []
+    for entry in results["cases"]:
+        r = entry["result"]
+        base = r.get("baseline_ms")
+        label = f"{entry['case']} m{entry['mode']}"
+        variants = [
+            ("baseline: permute + a2a + permute", base, r.get("baseline_host_us")),
+            ("  permute in", r.get("permute_in_ms"), None),
+            ("  raw all_to_all_single", r.get("raw_a2a_ms"), None),
+            ("  permute out", r.get("permute_out_ms"), None),
+            ("fast-ulysses copy", r["fast_copy_ms"], r["fast_copy_host_us"]),
+            ("fast-ulysses borrowed", r["fast_borrowed_ms"], r["fast_borrowed_host_us"]),
+            ("  own-share relayout (torch copy_)", r["own_share_ms"], None),
+            ("  transfer = copy - own share (derived)",
+             max(r["fast_copy_ms"] - r["own_share_ms"], 0.0), None),
+        ]
+        for name, ms, host in variants:
+            out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
+                        NA if host is None else f"{host:.1f}"])
+        for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
+            o = r.get(key)
+            text = NA if o is None else (f"{100 * o['hidden']:.0f}% hidden (gemm {o['gemm_ms']:.2f}"
+                                         f", coll {o['collective_ms']:.2f}, both {o['both_ms']:.2f})")
+            out.append([label, f"overlap {name}", text, "", "", ""])
+    return out
+
+
+def print_table(results: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    m = results["machine"]
+    title = (f"fast-ulysses bench: P={m['world_size']} on {m['gpu']}"
+             + (" - ranks share one GPU: not NVLink numbers" if m["shared_gpu"] else ""))
+    table = Table(title=title)
+    for column in ("case", "variant", "ms", "GB/s", "vs baseline", "host us/call"):
+        table.add_column(column, justify="left" if column in ("case", "variant") else "right")
+    for row in rows(results):
+        table.add_row(*row)
+    console.print(table)
+    if results.get("baseline_note"):
+        console.print(f"baseline: {results['baseline_note']}")
+    for note in results.get("padding", []):
+        console.print(f"padding: {note}")
+
+
+def write_json(results: dict, out_dir: str | Path, label: str) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.json"
+    path.write_text(json.dumps(results, indent=2, default=str))
+    return path
+
+
+def write_plot(results: dict, path: str | Path) -> Path:
+    """Stacked bars per case and mode: baseline stages against fast-ulysses copy (own share +
+    the rest) and borrowed. Missing baselines are left out, never drawn as zero."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = results["cases"]
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(cases)), 4.5))
+    width = 0.27
+    for i, entry in enumerate(cases):
+        r = entry["result"]
+        if r.get("baseline_ms") is not None:
+            bottom = 0.0
+            for key, color in (("permute_in_ms", "#c44"), ("raw_a2a_ms", "#e88"),
+                               ("permute_out_ms", "#c44")):
+                ax.bar(i - width, r[key], width, bottom=bottom, color=color)
+                bottom += r[key]
+        own = r["own_share_ms"]
+        ax.bar(i, own, width, color="#48c")
+        ax.bar(i, max(r["fast_copy_ms"] - own, 0.0), width, bottom=own, color="#8ae")
+        ax.bar(i + width, r["fast_borrowed_ms"], width, color="#4a4")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"{e['case']}\nmode {e['mode']}" for e in cases], fontsize=8)
+    ax.set_ylabel("ms per call (slowest rank, median)")
+    m = results["machine"]
+    ax.set_title(f"P={m['world_size']}, {m['gpu']}"
+                 + (" - ranks share one GPU: not NVLink numbers" if m["shared_gpu"] else ""),
+                 fontsize=9)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color="#c44", label="baseline permutes"),
+                       Patch(color="#e88", label="baseline all_to_all_single"),
+                       Patch(color="#48c", label="fast: own share"),
+                       Patch(color="#8ae", label="fast copy: rest (derived)"),
+                       Patch(color="#4a4", label="fast borrowed")], fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def slowest(per_rank: list[dict]) -> dict:
+    """Element-wise max over ranks (the table reflects the slowest rank); booleans AND."""
+    first = per_rank[0]
+    out = {}
+    for key, value in first.items():
+        values = [r[key] for r in per_rank]
+        if isinstance(value, bool):
+            out[key] = all(values)
+        elif isinstance(value, dict):
+            out[key] = slowest(values)
+            if "hidden" in value:  # hidden fraction: report the least hidden rank
+                out[key]["hidden"] = min(v["hidden"] for v in values)
+        else:
+            out[key] = max(values)
+    return out

@@ -1,0 +1,185 @@
+"""`fast-ulysses bench`: the stage-by-stage benchmark on real model shapes, side by side.
+
+    torchrun --nproc-per-node 8 -m fast_ulysses.cli.bench --preset wan-720p
+    fast-ulysses bench --nproc 4 --shared-gpu          # 4 ranks sharing cuda:0 (testing)
+
+Under torchrun it uses the launched ranks; otherwise it spawns --nproc ranks itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from ..presets import PRESETS, even_splits
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="stage-by-stage benchmark against the baseline",
+                              description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(run=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", action="append", choices=sorted(PRESETS),
+                   help="repeatable; default: every preset unless --shape is given")
+    p.add_argument("--shape", help="custom full shape b,S,N,d (sequence and heads unsplit)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--text-tokens", type=int, default=0, help="tokens added to every sequence")
+    p.add_argument("--modes", default="0,1")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--gemm-size", type=int, default=8192)
+    p.add_argument("--gemms", type=int, default=8, help="GEMMs in the overlap chain (0: skip)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks to spawn when not under torchrun (default: GPU count)")
+    p.add_argument("--shared-gpu", action="store_true",
+                   help="every rank on cuda:0 over gloo (sets FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    p.add_argument("--out-dir", default="benchmarks/results")
+    p.add_argument("--label", default=None)
+    p.add_argument("--no-plot", action="store_true")
+
+
+def cases(args, world_size: int) -> list:
+    from ..bench.stages import Case
+    dtype = DTYPES[args.dtype]
+    specs = []
+    if args.shape:
+        b, s, n, d = (int(v) for v in args.shape.split(","))
+        specs.append(("custom", b, s, n, d))
+    for name in args.preset or ([] if args.shape else sorted(PRESETS)):
+        p = PRESETS[name]
+        specs.append((name, p.batch, p.seq_len, p.heads, p.head_dim))
+    out = []
+    for name, b, s, n, d in specs:
+        s += args.text_tokens
+        heads = even_splits(n, world_size)
+        out.append(Case(name, b, even_splits(s, world_size), heads, d, dtype))
+        if s % world_size:  # what padding costs: the baseline's usual fix, a padded sequence
+            padded = -(-s // world_size) * world_size
+            out.append(Case(f"{name}-padded", b, even_splits(padded, world_size), heads, d,
+                            dtype))
+    return out
+
+
+def machine(world_size: int, shared: bool) -> dict:
+    return {"gpu": torch.cuda.get_device_name(0), "gpus_visible": torch.cuda.device_count(),
+            "driver": _driver(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "world_size": world_size, "shared_gpu": shared}
+
+
+def _driver() -> str:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # noqa: BLE001 - informational only
+        return "unknown"
+
+
+def worker(args) -> dict | None:
+    """Runs every case on this rank; rank 0 returns the results dict (slowest rank)."""
+    import fast_ulysses as fu
+    from ..bench.report import slowest
+    from ..bench.stages import gemm_chain, run_case
+
+    rank, P = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK",
+                                                                                rank)))
+    torch.cuda.set_device(device)
+    ctx = SimpleNamespace(rank=rank, device=device, iters=args.iters, warmup=args.warmup,
+                          fast=fu.UlyssesGroup(dist.group.WORLD, 0))
+    ctx.baseline_group, note = dist.group.WORLD, "torch.distributed all_to_all_single (NCCL)"
+    if args.shared_gpu and P > 1:
+        ctx.baseline_group, note = None, "n/a: NCCL cannot run with ranks sharing one GPU"
+    elif args.shared_gpu:
+        ctx.baseline_group = dist.new_group([0], backend="nccl")
+    ctx.gemms = gemm_chain(device, args.gemm_size, args.gemms) if args.gemms else None
+    modes = [int(m) for m in args.modes.split(",")]
+    todo = [(c, m) for c in cases(args, P) for m in modes]
+    entries = []
+    for case, mode in _progress(todo, rank == 0):
+        mine = run_case(case, mode, ctx)
+        gathered = [None] * P
+        dist.all_gather_object(gathered, mine)
+        entries.append({"case": case.name, "mode": mode, "seq_splits": case.seq_splits,
+                        "head_splits": case.head_splits, "result": slowest(gathered)})
+    ctx.fast.destroy()
+    if rank != 0:
+        return None
+    padding = [f"{c.name}: sequence {sum(c.seq_splits)} is a multiple of P"
+               for c in cases(args, P) if c.name.endswith("-padded")]
+    return {"machine": machine(P, args.shared_gpu), "args": vars(args), "cases": entries,
+            "baseline_note": note, "padding": padding}
+
+
+def _progress(items, show: bool):
+    if not show:
+        yield from items
+        return
+    from rich.progress import track
+    yield from track(items, description="benchmarking")
+
+
+def report(results: dict, args) -> None:
+    from ..bench.report import print_table, write_json, write_plot
+    print_table(results)
+    label = args.label or f"p{results['machine']['world_size']}" + (
+        "-shared" if args.shared_gpu else "")
+    path = write_json(results, args.out_dir, label)
+    print(f"results: {path}")
+    if not args.no_plot:
+        print(f"plot: {write_plot(results, path.with_suffix('.png'))}")
+
+
+def _spawned(rank: int, world_size: int, store: str, args) -> None:
+    dist.init_process_group("gloo" if args.shared_gpu else "nccl", init_method=f"file://{store}",
+                            rank=rank, world_size=world_size)
+    _run_rank(args)
+
+
+def _run_rank(args) -> None:
+    results = worker(args)
+    if results is not None:
+        report(results, args)
+    dist.destroy_process_group()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("fast-ulysses bench: no CUDA GPU visible; nothing measured (use `fast-ulysses "
+              "plan` or `fast_ulysses.simulate` on this machine)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    if args.shared_gpu:
+        os.environ["FAST_ULYSSES_ALLOW_SHARED_GPU"] = "1"
+    if "RANK" in os.environ:  # under torchrun
+        dist.init_process_group("gloo" if args.shared_gpu else "nccl")
+        _run_rank(args)
+        return 0
+    import torch.multiprocessing as mp
+    nproc = args.nproc or torch.cuda.device_count()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_spawned, args=(nproc, os.path.join(tmp, "store"), args), nprocs=nproc)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="fast-ulysses bench", description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

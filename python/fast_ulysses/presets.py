@@ -1,0 +1,49 @@
+"""Model shapes the CLIs know by name (FACTS.md: the real shapes, bf16, d = 128)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Preset:
+    batch: int
+    seq_len: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    note: str
+
+
+PRESETS: dict[str, Preset] = {
+    "wan-720p": Preset(1, 75_600, 40, 128, torch.bfloat16, "Wan 2.1 14B, 720p x 81 frames"),
+    "wan-480p": Preset(1, 32_760, 40, 128, torch.bfloat16, "Wan 2.1 14B, 480p x 81 frames"),
+    "wan-1.3b-720p": Preset(1, 75_600, 12, 128, torch.bfloat16,
+                            "Wan 2.1 1.3B, 720p: 12 heads, uneven on 8 ranks"),
+    "hunyuan-720p": Preset(1, 118_800, 24, 128, torch.bfloat16,
+                           "HunyuanVideo, 720p x 129 frames: 24 heads, uneven on 5 or 7"),
+}
+
+
+def even_splits(total: int, world_size: int) -> list[int]:
+    """`total` split as evenly as possible over `world_size` ranks, larger parts first."""
+    return [total // world_size + (1 if r < total % world_size else 0) for r in range(world_size)]
+
+
+def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
+    """This rank's input shape (bshd), dtype and splits for a preset. Splits are passed only
+    where they are uneven, so even presets exercise the default path."""
+    if name not in PRESETS:
+        raise ValueError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
+    p = PRESETS[name]
+    seq = even_splits(p.seq_len, world_size)
+    heads = even_splits(p.heads, world_size)
+    if mode == 0:
+        shape = (p.batch, seq[rank], p.heads, p.head_dim)
+    else:
+        shape = (p.batch, p.seq_len, heads[rank], p.head_dim)
+    return dict(shape=shape, dtype=p.dtype,
+                seq_splits=None if len(set(seq)) == 1 else seq,
+                head_splits=None if len(set(heads)) == 1 else heads)

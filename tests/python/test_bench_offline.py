@@ -1,0 +1,111 @@
+"""The benchmark's GPU-free parts: presets, cases, the baseline's relayout (on gloo, CPU),
+the table / JSON / plot writers, and the no-GPU exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fast_ulysses as fu
+from fast_ulysses.bench import report
+from fast_ulysses.bench.stages import Baseline, Case
+from fast_ulysses.cli import bench
+from fast_ulysses.presets import PRESETS, even_splits, preset_call
+
+
+def test_presets_and_splits():
+    assert PRESETS["wan-720p"].seq_len == 75_600 and PRESETS["hunyuan-720p"].heads == 24
+    assert even_splits(12, 8) == [2, 2, 2, 2, 1, 1, 1, 1]
+    call = preset_call("wan-1.3b-720p", 8, 7)
+    assert call["shape"] == (1, 9450, 12, 128) and call["head_splits"] == even_splits(12, 8)
+    assert preset_call("wan-720p", 8, 0)["head_splits"] is None
+
+
+def _args(**kw):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+
+
+def test_cases_add_a_padded_twin_only_when_needed():
+    names = [c.name for c in bench.cases(_args(preset="hunyuan-720p", text_tokens=256), 5)]
+    assert names == ["hunyuan-720p", "hunyuan-720p-padded"]
+    padded = bench.cases(_args(preset="hunyuan-720p", text_tokens=256), 5)[1]
+    assert sum(padded.seq_splits) == 119_060 and len(set(padded.seq_splits)) == 1
+    assert [c.name for c in bench.cases(_args(preset="wan-720p"), 8)] == ["wan-720p"]
+
+
+def _baseline_worker(rank, world_size, store, case, result_dir):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world_size)
+    for mode in (0, 1):
+        xs = []
+        for r in range(world_size):
+            shape = case.input_shape(r, mode)
+            xs.append(torch.randn(shape, generator=torch.Generator().manual_seed(r + 10 * mode))
+                      .to(case.dtype))
+        got = Baseline(dist.group.WORLD, case, mode, rank).full(xs[rank])
+        want = fu.simulate(xs, mode, **case.kwargs())[rank]
+        assert torch.equal(got, want), (rank, mode)
+    dist.destroy_process_group()
+
+
+def test_baseline_relayout_is_bit_exact_with_simulate():
+    case = Case("t", 2, [3, 0, 5], [2, 1, 2], 16, torch.bfloat16)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_baseline_worker, args=(3, os.path.join(tmp, "s"), case, tmp), nprocs=3)
+
+
+def synthetic_results(with_baseline=True):
+    r = {"bytes_in": 96_768_000, "fast_copy_ms": 0.5, "fast_borrowed_ms": 0.4,
+         "own_share_ms": 0.05, "fast_copy_host_us": 40.0, "fast_borrowed_host_us": 30.0,
+         "fast_overlap": {"gemm_ms": 10, "collective_ms": 0.5, "both_ms": 10.1, "hidden": 0.8}}
+    if with_baseline:
+        r.update(baseline_ms=1.2, permute_in_ms=0.2, raw_a2a_ms=0.8, permute_out_ms=0.2,
+                 baseline_host_us=60.0, baseline_matches_fast=True)
+    return {"machine": {"gpu": "test", "world_size": 8, "shared_gpu": not with_baseline},
+            "cases": [{"case": "wan-720p", "mode": 0, "result": r}],
+            "baseline_note": "" if with_baseline else "n/a: NCCL cannot run", "padding": []}
+
+
+@pytest.mark.parametrize("with_baseline", [True, False])
+def test_table_json_plot(tmp_path, with_baseline):
+    results = synthetic_results(with_baseline)
+    import io
+
+    from rich.console import Console
+    buffer = io.StringIO()
+    report.print_table(results, Console(file=buffer, width=200))
+    table = buffer.getvalue()
+    assert "fast-ulysses copy" in table
+    assert ("2.40x" in table) == with_baseline  # 1.2 ms baseline / 0.5 ms fast
+    if not with_baseline:
+        assert "n/a" in table and "not NVLink numbers" in table
+    path = report.write_json(results, tmp_path, "t")
+    assert json.loads(path.read_text())["machine"]["gpu"] == "test"
+    png = report.write_plot(results, tmp_path / "p.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_slowest_takes_the_max_and_least_hidden():
+    a = {"x": 1.0, "ok": True, "o": {"gemm_ms": 1, "collective_ms": 2, "both_ms": 2, "hidden": .9}}
+    b = {"x": 3.0, "ok": False, "o": {"gemm_ms": 2, "collective_ms": 1, "both_ms": 2, "hidden": .5}}
+    s = report.slowest([a, b])
+    assert s["x"] == 3.0 and s["ok"] is False and s["o"]["hidden"] == .5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_bench_without_gpu_says_so():
+    result = subprocess.run([sys.executable, "-m", "fast_ulysses.cli.main", "bench"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "no CUDA GPU visible" in result.stderr and "Traceback" not in result.stderr
