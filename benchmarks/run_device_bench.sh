@@ -12,5 +12,5 @@ for P in ${BENCH_SIZES:-1 2 4 8}; do
   echo "rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-60}
 done
 echo '$ python benchmarks/micro_copy.py'
-timeout 120 python3 benchmarks/micro_copy.py --json "$R/micro_copy-h200.json" > "$R/micro.log" 2>&1; echo "rc=$?"; tail -25 "$R/micro.log"
+timeout 60 python3 benchmarks/micro_copy.py --json "$R/micro_copy-h200.json" > "$R/micro.log" 2>&1; echo "rc=$?"; tail -25 "$R/micro.log"
 tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench
