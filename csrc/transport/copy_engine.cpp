@@ -1,5 +1,6 @@
 #include "transport/copy_engine.h"
 
+#include <ATen/ATen.h>
 #include <cuda_runtime.h>
 
 #include "transport/cuda_check.h"
@@ -37,6 +38,18 @@ void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
     FU_CUDA_CHECK(cudaMemcpy2DAsync(d + z * c.dst_slice_pitch, c.dst_pitch,
                                     s + z * c.src_slice_pitch, c.src_pitch, c.width, c.height,
                                     cudaMemcpyDeviceToDevice, stream));
+}
+
+void copy_local(const CopyDescriptor& descriptor, const at::Tensor& x, const at::Tensor& window) {
+  if (descriptor.bytes() == 0) return;
+  const CopyDescriptor c = coalesced(descriptor);
+  const int64_t es = x.element_size();  // every plan offset and pitch is whole elements
+  const std::vector<int64_t> sizes = {c.depth, c.height, c.width / es};
+  const at::Tensor src = x.as_strided(sizes, {c.src_slice_pitch / es, c.src_pitch / es, 1},
+                                      x.storage_offset() + c.src_offset / es);
+  at::Tensor dst = window.as_strided(sizes, {c.dst_slice_pitch / es, c.dst_pitch / es, 1},
+                                     window.storage_offset() + c.dst_offset / es);
+  dst.copy_(src);
 }
 
 }  // namespace fast_ulysses::transport

@@ -146,8 +146,8 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   join(caller, comm_);
   send_remote(x, plan, window, tag, /*signal_landed=*/!deferred);
   handshake_.wait(caller, tag.slot, Signal::kConsumed, rank(), epoch - 1);
-  issue_copy(plan.copies[rank()], static_cast<const char*>(x.const_data_ptr()), window.local,
-             caller);
+  copy_local(plan.copies[rank()], x,
+             pool_.local_view(window, window.bytes).view(x.scalar_type()));
   record_stream(x, comm_, device_.index());
 
   if (result == Result::kOwned) return close_owned(x, plan, window, tag, tag_name);
