@@ -74,7 +74,7 @@ def cases(args, world_size: int) -> list:
 def machine(world_size: int, shared: bool) -> dict:
     return {"gpu": torch.cuda.get_device_name(0), "gpus_visible": torch.cuda.device_count(),
             "driver": _driver(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "world_size": world_size, "shared_gpu": shared}
+            "world_size": world_size, "shared_gpu": shared and world_size > 1}
 
 
 def _driver() -> str:
