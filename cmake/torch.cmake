@@ -26,7 +26,7 @@ endif()
 
 # FAST_ULYSSES_CUDA_ARCH=90 builds one architecture; the default builds all supported ones.
 # The transport issues copies and stream memory operations only, so today there is no device
-# code: the list is recorded in the module (fast_ulysses.build_info()) and checked against the GPU.
+# code to compile: the list is validated and reported, ready for the first kernel.
 set(FAST_ULYSSES_SUPPORTED_ARCHS 80 90 100 120)
 if(DEFINED ENV{FAST_ULYSSES_CUDA_ARCH} AND NOT "$ENV{FAST_ULYSSES_CUDA_ARCH}" STREQUAL "")
   string(REPLACE "," ";" FAST_ULYSSES_CUDA_ARCHS "$ENV{FAST_ULYSSES_CUDA_ARCH}")
@@ -44,10 +44,7 @@ message(STATUS "fast-ulysses: CUDA architectures ${FAST_ULYSSES_CUDA_ARCHS_CSV}"
 add_library(fu_torch INTERFACE)
 target_include_directories(fu_torch SYSTEM INTERFACE
   ${TORCH_DIR}/include ${TORCH_DIR}/include/torch/csrc/api/include)
-target_compile_definitions(fu_torch INTERFACE
-  _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI}
-  FAST_ULYSSES_TORCH_VERSION="${TORCH_VERSION}"
-  FAST_ULYSSES_CUDA_ARCHS="${FAST_ULYSSES_CUDA_ARCHS_CSV}")
+target_compile_definitions(fu_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 target_link_directories(fu_torch INTERFACE ${TORCH_DIR}/lib)
 target_link_libraries(fu_torch INTERFACE c10 torch torch_cpu)
 

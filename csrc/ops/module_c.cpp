@@ -2,5 +2,5 @@
 #include <Python.h>
 
 static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fast-ulysses ops (plan, Meta)", -1,
-                             nullptr};
+                             nullptr, nullptr, nullptr, nullptr, nullptr};
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }

@@ -3,5 +3,5 @@
 #include <Python.h>
 
 static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cuda", "fast-ulysses CUDA transport", -1,
-                             nullptr};
+                             nullptr, nullptr, nullptr, nullptr, nullptr};
 PyMODINIT_FUNC PyInit__cuda(void) { return PyModule_Create(&module); }

@@ -18,7 +18,7 @@ Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef sh
               int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout);
 
-// Descriptor rows as an int64 [P, 11] CPU tensor: peer, src_offset, dst_offset, width, height,
+// Descriptor rows as an int64 [P, 10] CPU tensor: peer, src_offset, dst_offset, width, height,
 // depth, src_pitch, dst_pitch, src_slice_pitch, dst_slice_pitch (the column order of the op).
 constexpr int64_t kDescriptorFields = 10;
 

@@ -61,7 +61,7 @@ struct CopyDescriptor {
 
 // The same copy with dense dimensions merged: slices that abut become more rows, rows that abut
 // on both sides become one wider row, so a transport can issue a 1D or 2D copy where the data
-// allows it (a 1D device copy runs about twice as fast as a pitched one; FACTS.md). Executing
+// allows it (on an H200 a 1D device copy ran ~3x faster than a pitched one; docs/BENCHMARK.md). Executing
 // the result moves exactly the same bytes to the same places.
 CopyDescriptor coalesced(CopyDescriptor copy);
 

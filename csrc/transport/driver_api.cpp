@@ -7,7 +7,7 @@
 namespace fast_ulysses::transport {
 namespace {
 
-// The ABI version of the entry points we call: these three have been stable since CUDA 12.0.
+// The ABI version of the entry points we call: both have been stable since CUDA 12.0.
 constexpr unsigned int kEntryPointVersion = 12000;
 
 template <typename Fn>
@@ -29,7 +29,6 @@ const DriverApi& DriverApi::get() {
     DriverApi resolved;
     resolve("cuStreamWriteValue64", resolved.stream_write_value64);
     resolve("cuStreamWaitValue64", resolved.stream_wait_value64);
-    resolve("cuDeviceGetAttribute", resolved.device_get_attribute);
     return resolved;
   }();
   return api;

@@ -10,7 +10,6 @@ namespace fast_ulysses::transport {
 struct DriverApi {
   CUresult (*stream_write_value64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
   CUresult (*stream_wait_value64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
-  CUresult (*device_get_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
 
   // Resolves once per process; throws (c10::Error) naming the missing entry point.
   static const DriverApi& get();

@@ -23,16 +23,19 @@ namespace {
 // closing event. Never a host synchronize.
 class TransferWork : public c10d::Work {
  public:
-  explicit TransferWork(std::shared_ptr<cudaEvent_t> done) : done_(std::move(done)) {}
+  TransferWork(std::shared_ptr<cudaEvent_t> done, int device_index)
+      : done_(std::move(done)), device_index_(device_index) {}
   bool isCompleted() override { return cudaEventQuery(*done_) == cudaSuccess; }
   bool wait(std::chrono::milliseconds /*timeout*/) override {
-    FU_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), *done_, 0));
+    FU_CUDA_CHECK(cudaStreamWaitEvent(
+        c10::cuda::getCurrentCUDAStream(device_index_).stream(), *done_, 0));
     return true;
   }
   void synchronize() override { FU_CUDA_CHECK(cudaEventSynchronize(*done_)); }
 
  private:
   std::shared_ptr<cudaEvent_t> done_;
+  int device_index_;
 };
 
 double watchdog_timeout_s() {
@@ -182,7 +185,7 @@ at::Tensor UlyssesGroup::close_owned(const at::Tensor& x, const Plan& plan,
   announce_consumed(comm_, tag, tag.epoch);
   record_stream(out, comm_, device_.index());
   auto done = record(comm_);
-  c10d::register_work(out, c10::make_intrusive<TransferWork>(done));
+  c10d::register_work(out, c10::make_intrusive<TransferWork>(done, device_.index()));
   std::ostringstream what;
   what << "rank " << rank() << ": call #" << tag.epoch << " of tag '" << tag_name << "'";
   watchdog_->watch(std::move(done), what.str(), tag.slot, tag.epoch);

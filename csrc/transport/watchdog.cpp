@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace fast_ulysses::transport {
 
@@ -41,11 +43,17 @@ void Watchdog::run() {
     while (!entries_.empty() && cudaEventQuery(*entries_.front().event) == cudaSuccess)
       entries_.pop_front();
     const auto now = std::chrono::steady_clock::now();
+    std::vector<std::pair<Entry, double>> due;
     for (Entry& entry : entries_) {
       const double waited = std::chrono::duration<double>(now - entry.issued).count();
       if (waited < timeout_s_) break;
       if (entry.reported || cudaEventQuery(*entry.event) == cudaSuccess) continue;
       entry.reported = true;
+      due.emplace_back(entry, waited);
+    }
+    // Reading signal words blocks on the device: never while holding the lock watch() needs.
+    lock.unlock();
+    for (const auto& [entry, waited] : due) {
       try {
         report(entry, waited);
       } catch (const std::exception& error) {  // never let the watchdog take the process down
@@ -53,6 +61,7 @@ void Watchdog::run() {
                      entry.what.c_str(), error.what());
       }
     }
+    lock.lock();
   }
 }
 

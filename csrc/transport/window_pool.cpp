@@ -12,9 +12,12 @@
 namespace fast_ulysses::transport {
 namespace {
 
-int64_t align_up(int64_t bytes, int64_t alignment) {
+constexpr int64_t align_up(int64_t bytes, int64_t alignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
+
+// The signal header, rounded so that every window starts on kAlignment.
+constexpr int64_t kHeaderReserved = align_up(Handshake::kHeaderBytes, WindowPool::kAlignment);
 
 }  // namespace
 
@@ -22,7 +25,7 @@ WindowPool::WindowPool(std::string group_name, c10::Device device, int64_t initi
     : group_name_(std::move(group_name)), device_(device) {
   TORCH_CHECK_VALUE(initial_bytes >= 0, "initial_pool_bytes=", initial_bytes,
                     ": must be >= 0");
-  add_segment(Handshake::kHeaderBytes + align_up(initial_bytes, kAlignment),
+  add_segment(kHeaderReserved + align_up(initial_bytes, kAlignment),
               /*with_header=*/true);
   rank_ = segments_[0].handle->get_rank();
   world_size_ = segments_[0].handle->get_world_size();
@@ -38,7 +41,7 @@ void WindowPool::add_segment(int64_t bytes, bool with_header) {
     // Zeroed and finished before the rendezvous: no peer can address it before that returns.
     segment.storage.narrow(0, 0, Handshake::kHeaderBytes).zero_();
     FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index())));
-    segment.used = Handshake::kHeaderBytes;
+    segment.used = kHeaderReserved;
   }
   segment.handle = c10d::symmetric_memory::rendezvous(segment.storage, group_name_);
   const auto bases = segment.handle->get_buffer_ptrs();
@@ -71,6 +74,9 @@ const Window& WindowPool::acquire(int slot, const std::string& tag, int64_t byte
                         ? std::string("it was not declared")
                         : "it was declared with " + std::to_string(found->second.bytes),
                     " and the pool is sealed by reserve(): declare this call in reserve()");
+  // A tag that outgrows its window gets 1.5x its old one at least, so a size that creeps up
+  // call by call costs a logarithmic number of new windows (old ones are never reused).
+  if (found != windows_.end()) bytes = std::max(bytes, found->second.bytes * 3 / 2);
   Segment* segment = &segments_.back();
   if (segment->bytes - segment->used < bytes) {
     add_segment(std::max(bytes, segment->bytes), /*with_header=*/false);
@@ -105,13 +111,13 @@ at::Tensor WindowPool::local_view(const Window& window, int64_t bytes) const {
 int64_t WindowPool::capacity() const {
   int64_t total = 0;
   for (const auto& s : segments_) total += s.bytes;
-  return total - Handshake::kHeaderBytes;
+  return total - kHeaderReserved;
 }
 
 int64_t WindowPool::used() const {
   int64_t total = 0;
   for (const auto& s : segments_) total += s.used;
-  return total - Handshake::kHeaderBytes;
+  return total - kHeaderReserved;
 }
 
 }  // namespace fast_ulysses::transport

@@ -40,7 +40,8 @@ class WindowPool {
   std::vector<char*> headers() const;
 
   // The window of `slot`, at least `bytes` long: the current one if large enough, else a new
-  // one carved from the pool, which grows by one segment (a collective) unless sealed.
+  // one (at least 1.5x the old) carved from the pool, which grows by one segment (a
+  // collective) unless sealed. Windows start on kAlignment.
   const Window& acquire(int slot, const std::string& tag, int64_t bytes);
   // Gives each listed slot a window of at least its bytes, growing the pool at most once, then
   // seals it: afterwards acquire() raises for a slot without a window or one too small.

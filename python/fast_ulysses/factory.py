@@ -30,17 +30,16 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
         import torch.distributed as dist
 
         process_group = dist.group.WORLD
+    topology = None
     if prefer == "torch":  # no need to probe anything
         use_fast, reason = False, "prefer='torch'"
     else:
-        use_fast, reason = decide(gather_topology(process_group), prefer)
+        topology = gather_topology(process_group)
+        use_fast, reason = decide(topology, prefer)
     if not use_fast:
         group = TorchUlyssesGroup(process_group, initial_pool_bytes)
         group.fallback_reason = reason
         return group
     from .group import UlyssesGroup  # the fast group needs the CUDA part: import it only here
 
-    group = UlyssesGroup(process_group, initial_pool_bytes)
-    group.fallback = False
-    group.fallback_reason = ""
-    return group
+    return UlyssesGroup(process_group, initial_pool_bytes, topology=topology)

@@ -4,7 +4,6 @@ through `torch.ops.fast_ulysses.*`; everything that moves bytes or signals is in
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from typing import Iterable, Sequence
 
@@ -13,8 +12,8 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import _maybe_wrap_tensor
 
 from ._ops import cuda_load_error, ops
+from .topology import SHARED_GPU_ENV
 
-SHARED_GPU_ENV = "FAST_ULYSSES_ALLOW_SHARED_GPU"
 DEBUG_ENV = "FAST_ULYSSES_DEBUG"
 _warned_shared_gpu = False
 
@@ -32,6 +31,8 @@ class UlyssesGroup:
         initial_pool_bytes: bytes of symmetric memory to allocate for windows up front. The pool
             grows on demand (collectively) unless `reserve()` sealed it.
         device: this rank's GPU (default: the current CUDA device).
+        topology: a `fast_ulysses.topology.Topology` already gathered over the group
+            (make_group passes its own); gathered here when None.
 
     Raises:
         RuntimeError: the CUDA part of the extension did not load, or no GPU.
@@ -43,25 +44,32 @@ class UlyssesGroup:
     fallback_reason = ""
 
     def __init__(self, process_group: dist.ProcessGroup | None = None,
-                 initial_pool_bytes: int = 0, *, device: torch.device | int | None = None):
+                 initial_pool_bytes: int = 0, *, device: torch.device | int | str | None = None,
+                 topology=None):
         if cuda_load_error:
             raise RuntimeError(f"UlyssesGroup needs the CUDA part of fast-ulysses: "
                                f"{cuda_load_error}")
         if not torch.cuda.is_available():
             raise RuntimeError("UlyssesGroup needs a CUDA GPU; none is visible "
                                "(use TorchUlyssesGroup or make_group)")
+        if not dist.is_initialized():
+            raise RuntimeError("UlyssesGroup needs torch.distributed: call "
+                               "dist.init_process_group first")
         self.process_group = process_group or dist.group.WORLD
         self.group_name = self.process_group.group_name
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
         if device is None:
             device = torch.cuda.current_device()
-        self.device = torch.device("cuda", torch.device("cuda", device).index
-                                   if not isinstance(device, int) else device)
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device={device}: UlyssesGroup needs a CUDA device")
+        self.device = torch.device("cuda", device.index if device.index is not None
+                                   else torch.cuda.current_device())
         self._debug = _env_flag(DEBUG_ENV)
         self._calls = 0
         self._destroyed = False
-        _check_peers(self.process_group, self.device, self.rank)
+        _check_peers(self.process_group, self.device, topology)
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
@@ -148,31 +156,46 @@ class UlyssesGroup:
 
     def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
         self._check_live()
+        if self._debug:  # every rank learns of every rank's problem: all raise, none waits
+            self._check_agreement(name, x, mode, tag, seq_splits, head_splits, layout, extra)
+        else:
+            self._check_tensor(x)
+
+    def _check_tensor(self, x) -> None:
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+            raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
         if x.device != self.device:
             raise ValueError(f"x is on {x.device} but the group is on {self.device}: inputs "
                              "must be on the group's device")
-        if self._debug:
-            self._check_agreement(name, x, mode, tag, seq_splits, head_splits, layout, extra)
 
     def _check_agreement(self, name, x, mode, tag, seq_splits, head_splits, layout, extra):
-        """FAST_ULYSSES_DEBUG=1: every rank compares its call with every other rank's before
-        anything is sent (one all_gather_object per call: a debugging aid, not for speed)."""
+        """FAST_ULYSSES_DEBUG=1: before anything is sent, every rank gathers every rank's call
+        (one all_gather_object: a debugging aid, not for speed) and all of them raise, naming
+        both calls, if any rank's call is invalid or differs from the others'."""
         self._calls += 1
-        call = (f"{name}(x={tuple(x.shape)} {x.dtype}, mode={mode}, tag={tag!r}, "
-                f"seq_splits={_list(seq_splits)}, head_splits={_list(head_splits)}, "
-                f"layout={layout!r}{''.join(f', {e!r}' for e in extra)})")
-        # The shape legitimately differs across ranks with uneven splits; compare the rest and
-        # the resolved splits, which must agree.
-        from .plan import plan
-        p = plan(self.world_size, self.rank, mode, x.shape, x.dtype, seq_splits=seq_splits,
-                 head_splits=head_splits, layout=layout)
-        key = (name, mode, tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
-               p.window_bytes, extra)
+        call = (f"{name}(x={tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}, "
+                f"mode={mode}, tag={tag!r}, seq_splits={_list(seq_splits)}, "
+                f"head_splits={_list(head_splits)}, layout={layout!r}"
+                f"{''.join(f', {e!r}' for e in extra)})")
+        key, error = None, ""
+        try:
+            self._check_tensor(x)
+            # Shapes legitimately differ across ranks with uneven splits; the resolved splits
+            # and the window size must agree.
+            from .plan import plan
+            p = plan(self.world_size, self.rank, mode, x.shape, x.dtype, seq_splits=seq_splits,
+                     head_splits=head_splits, layout=layout)
+            key = (name, mode, tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
+                   p.window_bytes, extra)
+        except ValueError as exc:
+            error = str(exc)
         gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, (key, call), group=self.process_group)
-        for peer, (peer_key, peer_call) in enumerate(gathered):
+        dist.all_gather_object(gathered, (key, call, error), group=self.process_group)
+        for peer, (_, peer_call, peer_error) in enumerate(gathered):
+            if peer_error:
+                raise ValueError(f"call #{self._calls}: rank {peer} called {peer_call}, which is "
+                                 f"invalid: {peer_error}")
+        for peer, (peer_key, peer_call, _) in enumerate(gathered):
             if peer_key != key:
                 raise ValueError(f"call #{self._calls} differs across ranks: rank {self.rank} "
                                  f"called {call} but rank {peer} called {peer_call}")
@@ -182,47 +205,32 @@ def _list(values):
     return None if values is None else [int(v) for v in values]
 
 
-def _check_peers(group: dist.ProcessGroup, device: torch.device, rank: int) -> None:
-    """Gathers every rank's (host, GPU) and refuses what the transport cannot serve."""
-    props = torch.cuda.get_device_properties(device)
-    mine = (socket.gethostname(), str(props.uuid), device.index)
-    everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    hosts = {host for host, _, _ in everyone}
-    if len(hosts) > 1:
-        raise ValueError(f"the group spans hosts {sorted(hosts)}: UlyssesGroup serves one node "
-                         "(use TorchUlyssesGroup or make_group)")
-    shared = False
-    for i, (_, uuid_i, index_i) in enumerate(everyone):
-        for j, (_, uuid_j, index_j) in enumerate(everyone):
-            if j <= i:
-                continue
-            if uuid_i == uuid_j:
-                shared = True
-            elif i == rank or j == rank:
-                _check_can_map(i, uuid_i, j, uuid_j)
-    if shared:
-        _allow_shared_gpu()
+def _check_peers(group: dist.ProcessGroup, device: torch.device, topology=None) -> None:
+    """Refuses what the transport cannot serve, from one topology gathered over the group, so
+    every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
+    the collective rendezvous)."""
+    from .topology import cannot_run_reason, gather_topology, shared_gpu_pair
 
-
-def _check_can_map(i: int, uuid_i: str, j: int, uuid_j: str) -> None:
-    local = {str(torch.cuda.get_device_properties(k).uuid): k
-             for k in range(torch.cuda.device_count())}
-    if uuid_i not in local or uuid_j not in local:
-        return  # not both visible to this process: a rank that sees both checks the pair
-    index_i, index_j = local[uuid_i], local[uuid_j]
-    if not (torch.cuda.can_device_access_peer(index_i, index_j)
-            and torch.cuda.can_device_access_peer(index_j, index_i)):
-        raise ValueError(f"ranks {i} (cuda:{index_i}) and {j} (cuda:{index_j}) cannot map each "
-                         "other's memory (no peer access): UlyssesGroup needs every pair to "
-                         "(use TorchUlyssesGroup or make_group)")
+    if topology is None:
+        with torch.cuda.device(device):
+            topology = gather_topology(group)
+    reason = cannot_run_reason(topology)
+    if reason:
+        raise ValueError(f"UlyssesGroup cannot run here: {reason} (use TorchUlyssesGroup or "
+                         "make_group)")
+    shared = shared_gpu_pair(topology)
+    if shared is None:
+        return
+    if not all(info.allow_shared_gpu for info in topology.ranks):
+        a, b = shared
+        raise ValueError(f"ranks {a} and {b} of the group share one GPU: set {SHARED_GPU_ENV}=1 "
+                         "on every rank to allow it (a testing mode: correct, but not NVLink "
+                         "speed)")
+    _allow_shared_gpu()
 
 
 def _allow_shared_gpu() -> None:
     global _warned_shared_gpu
-    if not _env_flag(SHARED_GPU_ENV):
-        raise ValueError(f"several ranks of the group share one GPU: set {SHARED_GPU_ENV}=1 to "
-                         "allow it (a testing mode: correct, but not NVLink speed)")
     # torch's CUDA symmetric memory refuses overlapping devices unless told otherwise.
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     if not _warned_shared_gpu:

@@ -1,4 +1,4 @@
-"""Model shapes the CLIs know by name (FACTS.md: the real shapes, bf16, d = 128)."""
+"""Model shapes the CLIs know by name (the published shapes: bf16, d = 128)."""
 
 from __future__ import annotations
 

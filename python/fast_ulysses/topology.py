@@ -167,7 +167,7 @@ def cannot_run_reason(t: Topology) -> str:
 
 def loses_reason(t: Topology) -> str:
     """Why the fast path would run but lose (or is only a test set-up) on `t`; "" if not."""
-    shared = _shared_gpu(t)
+    shared = shared_gpu_pair(t)
     if shared and not all(info.allow_shared_gpu for info in t.ranks):
         a, b = shared
         return (f"ranks {a} and {b} share one GPU ({t.ranks[a].label(a)}): set "
@@ -256,7 +256,8 @@ def visible_topology() -> Topology:
     return Topology(tuple(infos), tuple(pairs))
 
 
-def _shared_gpu(t: Topology):
+def shared_gpu_pair(t: Topology):
+    """The first two ranks (a, b) that share one GPU, or None."""
     seen: dict = {}
     for r, info in enumerate(t.ranks):
         if info.gpu_key in seen:

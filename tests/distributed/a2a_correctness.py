@@ -86,6 +86,55 @@ def check_reserve_and_recreate(pg, rank, world_size, device, log) -> str:
     return "reserve() seals; undeclared and oversized calls raise; destroy + new group"
 
 
+def check_debug_mode(pg, rank, world_size, device) -> str:
+    """FAST_ULYSSES_DEBUG=1: a call that differs across ranks, or that is invalid on one rank
+    only, raises on every rank (naming the calls) before anything is sent."""
+    os.environ["FAST_ULYSSES_DEBUG"] = "1"
+    try:
+        group = fu.UlyssesGroup(pg, 1 << 20)
+    finally:
+        del os.environ["FAST_ULYSSES_DEBUG"]
+    x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
+    group.all_to_all_single_4d(x, 0, "agreed").wait()
+    attempts = [("invalid on rank 0 only",
+                 lambda: group.all_to_all_single_4d(x[..., :4].contiguous() if rank == 0 else x,
+                                                    0, "bad"), "which is invalid")]
+    if world_size > 1:
+        attempts.append(("a tag that differs", lambda: group.all_to_all_single_4d(
+            x, 0, f"tag-of-rank-{rank}"), "differs across ranks"))
+    for name, call, needle in attempts:
+        try:
+            call()
+        except ValueError as error:
+            assert needle in str(error), f"{name}: {error}"
+        else:
+            raise AssertionError(f"debug mode let '{name}' through")
+    group.destroy()
+    return "FAST_ULYSSES_DEBUG=1: mismatched and one-rank-invalid calls raise on every rank"
+
+
+def check_watchdog(pg, rank, world_size, device) -> str:
+    """Ranks 1.. issue their call 5 s late: rank 0's handshake waits, and its watchdog (2 s
+    here) reports it on stderr (tests/gpu checks the text); then the call completes."""
+    previous = os.environ.get("FAST_ULYSSES_WATCHDOG_S")
+    os.environ["FAST_ULYSSES_WATCHDOG_S"] = "2"
+    try:
+        group = fu.UlyssesGroup(pg, 1 << 20)
+    finally:
+        if previous is None:
+            del os.environ["FAST_ULYSSES_WATCHDOG_S"]
+        else:
+            os.environ["FAST_ULYSSES_WATCHDOG_S"] = previous
+    x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
+    if rank != 0:
+        time.sleep(5)
+    y = group.all_to_all_single_4d(x, 0, "late")
+    torch.cuda.synchronize()
+    assert y.shape == (1, 4 * world_size, 2, 64)
+    group.destroy()
+    return "a late peer: the watchdog reports the stuck handshake, then the call completes"
+
+
 def main() -> int:
     args = parse_args()
     backend = "gloo" if args.shared_gpu else "nccl"
@@ -110,6 +159,9 @@ def main() -> int:
     passed += checker.passed
     group.destroy()
     passed.append(check_reserve_and_recreate(pg, rank, world_size, device, print))
+    passed.append(check_debug_mode(pg, rank, world_size, device))
+    if world_size > 1:
+        passed.append(check_watchdog(pg, rank, world_size, device))
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
