@@ -10,5 +10,7 @@ fi
 export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 FAST_ULYSSES_CUDA_ARCH=90 python3 -m pip install -e . --no-build-isolation --no-deps > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 python3 -c "import fast_ulysses as f; print('import ok', f.cuda_load_error or 'cuda part loaded')"
-timeout 250 python3 -m pytest tests/gpu -v -s -rs -p no:cacheprovider -k "1] or 2] or 8] or compile" > "$OUT/gpu_pytest.log" 2>&1; echo "pytest rc=$?"
+T=tests/gpu/test_fast_group_gpu.py
+timeout 250 python3 -m pytest -v -s -rs -p no:cacheprovider "$T::test_shared_gpu_correctness[1]" \
+  "$T::test_shared_gpu_correctness[2]" "$T::test_shared_gpu_correctness[8]" "$T::test_compile_traces_the_op" > "$OUT/gpu_pytest.log" 2>&1; echo "pytest rc=$?"
 grep -E "PASSED|FAILED|ERROR|passed|failed|^P=|  ok  |watchdog:" "$OUT/gpu_pytest.log" | cut -c1-400 | tail -40
