@@ -187,8 +187,10 @@ def test_make_group_builds_the_fast_group_where_decide_says_so(world1, monkeypat
 
     class FakeUlyssesGroup:
         fallback = False
+        fallback_reason = ""
 
-        def __init__(self, process_group, initial_pool_bytes):
+        def __init__(self, process_group, initial_pool_bytes, topology=None):
+            assert topology is not None  # make_group hands over what it gathered
             built.append((process_group, initial_pool_bytes))
 
     fake = types.ModuleType("fast_ulysses.group")
