@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import fast_ulysses as fu
+from fast_ulysses.presets import even_splits
 
 
 def measure(call, iters: int, warmup: int) -> tuple[float, float]:
@@ -58,8 +59,7 @@ def main() -> None:
     torch.cuda.set_device(device)
     group = fu.UlyssesGroup(dist.group.WORLD, 256 << 20)
     tokens, heads = 75_600, 40
-    seq = [tokens // P + (1 if r < tokens % P else 0) for r in range(P)]
-    hsplit = [heads // P + (1 if r < heads % P else 0) for r in range(P)]
+    seq, hsplit = even_splits(tokens, P), even_splits(heads, P)
     x = torch.randn(1, seq[rank], heads, 128, dtype=torch.bfloat16, device=device)
     kw = dict(seq_splits=seq, head_splits=hsplit)
     results = {}

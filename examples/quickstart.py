@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import fast_ulysses as fu
+from fast_ulysses.presets import even_splits
 
 # A small uneven case: 12 heads on the ranks (Wan 1.3B-like), sequence rows not divisible.
 HEADS, HEAD_DIM, BATCH = 12, 64, 1
@@ -26,9 +27,7 @@ HEADS, HEAD_DIM, BATCH = 12, 64, 1
 
 def splits(world_size: int) -> tuple[list[int], list[int]]:
     seq = [37 + 3 * r for r in range(world_size)]
-    heads = [HEADS // world_size + (1 if r < HEADS % world_size else 0)
-             for r in range(world_size)]
-    return seq, heads
+    return seq, even_splits(HEADS, world_size)
 
 
 def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
