@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
+
+from fast_ulysses.bench.timing import host_us, median_ms
 
 TOTAL = 96_768_000
 
@@ -31,18 +31,7 @@ def _check(result):
 
 
 def time_ms(fn, iters=20, warmup=3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return median_ms(fn, iters, warmup)
 
 
 def copy2d(rt, dst, dpitch, src, spitch, width, height, stream):
@@ -85,13 +74,7 @@ def issue_cost(rt, src, dst, stream, n=2000) -> dict:
     results = {}
 
     def measure(fn):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter_ns()
-        torch.cuda.synchronize()
-        return (t1 - t0) / 1e3 / n
+        return host_us(fn, n)
 
     results["cudaMemcpy2DAsync_us"] = measure(
         lambda: copy2d(rt, dst.data_ptr(), width, src.data_ptr(), pitch, width, height, stream))
