@@ -143,8 +143,10 @@ class UlyssesGroup:
 
     def destroy(self) -> None:
         """Waits for this rank's work and for every rank (collective), then frees the windows.
-        Any later call on this group raises."""
-        self._check_live()
+        Any later call on this group raises; calling destroy() again is a no-op (as on
+        TorchUlyssesGroup)."""
+        if self._destroyed:
+            return
         ops.destroy_group(self.group_name)
         self._destroyed = True
 
