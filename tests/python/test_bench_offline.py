@@ -109,3 +109,86 @@ def test_bench_without_gpu_says_so():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "no CUDA GPU visible" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_padding_notes_name_the_twin_or_say_not_applicable():
+    notes = bench.padding_notes(bench.cases(_args(preset="hunyuan-720p", text_tokens=256), 5), 5)
+    assert len(notes) == 1 and "hunyuan-720p-padded" in notes[0] and "119060" in notes[0]
+    notes = bench.padding_notes(bench.cases(_args(preset="wan-720p"), 8), 8)
+    assert notes == ["wan-720p: not applicable (sequence 75600 is a multiple of P=8)"]
+
+
+def test_hold_covers_the_host_issue_and_is_capped():
+    from fast_ulysses.bench.timing import MAX_HOLD_MS, hold_ms
+    assert hold_ms(0.1, 50) >= 0.1 * 50 and hold_ms(0.0, 50) > 0
+    assert hold_ms(100.0, 50) == MAX_HOLD_MS
+
+
+def test_negative_or_missing_hidden_is_reported_not_clipped():
+    results = synthetic_results()
+    results["cases"][0]["result"]["fast_overlap"]["hidden"] = -0.4
+    results["cases"][0]["result"]["baseline_overlap"] = {
+        "gemm_ms": 1, "collective_ms": 0, "both_ms": 1, "hidden": None}
+    text = "\n".join(" ".join(row) for row in report.rows(results))
+    assert "-40% hidden" in text and "n/a hidden" in text
+    s = report.slowest([{"o": {"hidden": None, "both_ms": None}},
+                        {"o": {"hidden": .3, "both_ms": 2}}])
+    assert s["o"] == {"hidden": .3, "both_ms": 2}
+
+
+def _micro_copy():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "micro_copy.py"
+    spec = importlib.util.spec_from_file_location("micro_copy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fake pointers: only without a driver")
+def test_micro_copy_batch_call_matches_the_binding():
+    """The cudaMemcpyBatchAsync call marshals (no TypeError) with the installed cuda-bindings;
+    without a driver it is refused with a CUDA error, which is reported, not raised."""
+    rt = pytest.importorskip("cuda.bindings.runtime")
+    fake = argparse.Namespace(data_ptr=lambda: 1 << 20)
+    result = _micro_copy().batch_cost(rt, fake, fake, 12345, lambda call: 0.0)
+    assert not (isinstance(result, str) and "TypeError" in result), result
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_micro_copy_without_gpu_says_so():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "micro_copy.py")
+    result = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "needs a CUDA GPU" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_median_ms_holds_the_device_before_the_timed_calls(monkeypatch):
+    """The call sequence of median_ms with torch.cuda faked: warmup + 3 issue-timing + iters
+    calls (the same on every rank), and the spin queued after those 3 and before the timed ones."""
+    from fast_ulysses.bench import timing
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("sync"))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(timing, "_cycles_per_ms", {})
+    assert timing.median_ms(lambda: log.append("fn"), iters=4, warmup=2) == 2.0
+    assert log.count("fn") == 2 + 3 + 4
+    last_sleep = max(i for i, e in enumerate(log) if isinstance(e, tuple))
+    assert log[last_sleep + 1:].count("fn") == 4 and "fn" not in log[last_sleep - 2:last_sleep]

@@ -25,6 +25,10 @@ def _ratio(base, ms) -> str:
     return NA if base is None or not ms else f"{base / ms:.2f}x"
 
 
+def _pct(fraction) -> str:
+    return NA if fraction is None else f"{100 * fraction:.0f}%"
+
+
 def rows(results: dict) -> list[list[str]]:
     """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
     against the permute + all_to_all_single + permute baseline, host us per call."""
@@ -49,7 +53,7 @@ def rows(results: dict) -> list[list[str]]:
                         NA if host is None else f"{host:.1f}"])
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
             o = r.get(key)
-            text = NA if o is None else (f"{100 * o['hidden']:.0f}% hidden (gemm {o['gemm_ms']:.2f}"
+            text = NA if o is None else (f"{_pct(o['hidden'])} hidden (gemm {o['gemm_ms']:.2f}"
                                          f", coll {o['collective_ms']:.2f}, both {o['both_ms']:.2f})")
             out.append([label, f"overlap {name}", text, "", "", ""])
     return out
@@ -133,7 +137,9 @@ def slowest(per_rank: list[dict]) -> dict:
         elif isinstance(value, dict):
             out[key] = slowest(values)
             if "hidden" in value:  # hidden fraction: report the least hidden rank
-                out[key]["hidden"] = min(v["hidden"] for v in values)
-        else:
-            out[key] = max(values)
+                hidden = [v["hidden"] for v in values if v["hidden"] is not None]
+                out[key]["hidden"] = min(hidden) if hidden else None
+        else:  # None: not measured on that rank
+            present = [v for v in values if v is not None]
+            out[key] = max(present) if present else None
     return out

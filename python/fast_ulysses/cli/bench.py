@@ -71,6 +71,26 @@ def cases(args, world_size: int) -> list:
     return out
 
 
+def padding_notes(case_list: list, world_size: int) -> list[str]:
+    """One line per case: which padded twin measures what padding costs, or 'not applicable'."""
+    names = {c.name for c in case_list}
+    notes = []
+    for c in case_list:
+        if c.name.endswith("-padded"):
+            continue
+        seq = sum(c.seq_splits)
+        twin = f"{c.name}-padded"
+        if twin in names:
+            notes.append(f"{c.name}: sequence {seq} is not a multiple of P={world_size}: "
+                         f"compare the baseline on {twin} (padded to "
+                         f"{-(-seq // world_size) * world_size}) with fast-ulysses on {c.name} "
+                         "(uneven seq_splits, no padding)")
+        else:
+            notes.append(f"{c.name}: not applicable (sequence {seq} is a multiple of "
+                         f"P={world_size})")
+    return notes
+
+
 def machine(world_size: int, shared: bool) -> dict:
     return {"gpu": torch.cuda.get_device_name(0), "gpus_visible": torch.cuda.device_count(),
             "driver": _driver(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -116,8 +136,7 @@ def worker(args) -> dict | None:
     ctx.fast.destroy()
     if rank != 0:
         return None
-    padding = [f"{c.name}: sequence {sum(c.seq_splits)} is a multiple of P"
-               for c in cases(args, P) if c.name.endswith("-padded")]
+    padding = padding_notes(cases(args, P), P)
     return {"machine": machine(P, args.shared_gpu), "args": vars(args), "cases": entries,
             "baseline_note": note, "padding": padding}
 
@@ -169,6 +188,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch.multiprocessing as mp
     nproc = args.nproc or torch.cuda.device_count()
+    if nproc > torch.cuda.device_count() and not args.shared_gpu:
+        print(f"fast-ulysses bench: --nproc {nproc} needs {nproc} GPUs (one per rank over "
+              f"NCCL) but {torch.cuda.device_count()} are visible; add --shared-gpu to put "
+              "every rank on cuda:0 (a testing mode: not NVLink numbers)", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_spawned, args=(nproc, os.path.join(tmp, "store"), args), nprocs=nproc)
     return 0
