@@ -41,12 +41,7 @@ def hold_device(ms: float) -> None:
 
 def _issue_ms(fn: Callable[[], object], calls: int) -> float:
     """Host ms to issue one fn() with the device idle (so the host never waits for it)."""
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter_ns()
-    torch.cuda.synchronize()
-    return (t1 - t0) / 1e6 / calls
+    return host_us(fn, calls) / 1e3
 
 
 def median_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
