@@ -33,14 +33,34 @@ std::shared_ptr<UlyssesGroup> find_group(const std::string& group_name) {
   return found->second;
 }
 
+// Every argument the plan depends on, flattened: the plan cache's key.
+std::vector<int64_t> plan_key(int64_t mode, at::IntArrayRef shape, int64_t element_size,
+                              const std::optional<at::IntArrayRef>& seq_splits,
+                              const std::optional<at::IntArrayRef>& head_splits,
+                              const std::string& layout) {
+  std::vector<int64_t> key = {mode, element_size, static_cast<int64_t>(shape.size())};
+  key.insert(key.end(), shape.begin(), shape.end());
+  for (const auto& splits : {seq_splits, head_splits}) {
+    key.push_back(splits ? static_cast<int64_t>(splits->size()) : -1);
+    if (splits) key.insert(key.end(), splits->begin(), splits->end());
+  }
+  key.push_back(static_cast<int64_t>(layout.size()));
+  key.insert(key.end(), layout.begin(), layout.end());
+  return key;
+}
+
 at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
                const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
                const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
                Result result, bool barrier) {
   auto group = find_group(group_name);
   const int64_t element_size = checked_element_size(x);
-  const Plan plan = plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
-                             seq_splits, head_splits, layout);
+  const Plan& plan = group->plan(
+      plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout),
+      [&] {
+        return plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
+                        seq_splits, head_splits, layout);
+      });
   return group->all_to_all(x, plan, tag, result, barrier);
 }
 

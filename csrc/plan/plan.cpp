@@ -1,6 +1,8 @@
 #include "plan/plan.h"
 
+#include <algorithm>
 #include <numeric>
+#include <utility>
 #include <sstream>
 
 namespace fast_ulysses {
@@ -141,6 +143,50 @@ void validate(const PlanRequest& request) {
     fail("tensor of ", total, " bytes: larger than the 2^50-byte limit");
 }
 
+namespace {
+
+// The peers' chunks in my window, before and after my own along the gathered dimension: rows in
+// mode 0 (chunks are bands of whole rows), heads in mode 1 (chunks are columns of each row).
+void add_collect(Plan& plan) {
+  const PlanRequest& request = plan.request;
+  const int r = request.rank;
+  const CopyDescriptor& own = plan.copies[r];  // its dst side is my chunk in my window
+  const bool to_heads = request.mode == Mode::kSeqToHead;
+  // Bytes of the gathered dimension per unit: a row band (mode 0) or a head column (mode 1).
+  const auto& gathered = to_heads ? request.seq_splits : request.head_splits;
+  const int64_t total = sum(gathered);
+  const int64_t begin = prefix(gathered, r);
+  const int64_t end = begin + gathered[r];
+  CopyDescriptor base;
+  base.peer = r;
+  base.depth = own.depth;
+  if (to_heads) {  // my window per slice: S * fold rows of heads[r] * row bytes, abutting
+    const int64_t fold = request.layout == Layout::kSBHD ? request.batch : 1;
+    const int64_t unit = fold * request.head_splits[r] * request.head_dim * request.element_size;
+    base.height = 1;
+    base.src_slice_pitch = base.dst_slice_pitch = own.dst_slice_pitch;
+    for (const auto& [from, to] : {std::pair{int64_t{0}, begin}, std::pair{end, total}}) {
+      CopyDescriptor c = base;
+      c.src_offset = c.dst_offset = from * unit;
+      c.width = c.src_pitch = c.dst_pitch = (to - from) * unit;
+      if (c.bytes() > 0) plan.collect.push_back(c);
+    }
+  } else {  // my window per row: N heads of d; my chunk is heads [begin, end) of every row
+    const int64_t row = request.head_dim * request.element_size;
+    base.height = own.height;
+    base.src_pitch = base.dst_pitch = total * row;
+    base.src_slice_pitch = base.dst_slice_pitch = own.height * total * row;
+    for (const auto& [from, to] : {std::pair{int64_t{0}, begin}, std::pair{end, total}}) {
+      CopyDescriptor c = base;
+      c.src_offset = c.dst_offset = from * row;
+      c.width = (to - from) * row;
+      if (c.bytes() > 0) plan.collect.push_back(c);
+    }
+  }
+}
+
+}  // namespace
+
 Plan make_plan(const PlanRequest& request) {
   validate(request);
   const int P = request.world_size;
@@ -201,6 +247,7 @@ Plan make_plan(const PlanRequest& request) {
     }
     plan.copies.push_back(c);
   }
+  add_collect(plan);
   return plan;
 }
 

@@ -85,6 +85,12 @@ struct Plan {
   int64_t output_bytes = 0;
   int64_t window_bytes = 0;  // max over ranks of output bytes: what every rank reserves
   std::vector<CopyDescriptor> copies;  // copies[j].peer == j, j = 0..P-1
+  // An owned result: this rank's own chunk goes from the input straight into the result
+  // (copies[rank] with the result as its destination), and these copies bring everything else
+  // from the window into the result: the peers' chunks before and after mine along the gathered
+  // dimension, at most two copies, empty ones left out. Source and destination have the same
+  // geometry (the result is laid out like the window); `peer` is this rank.
+  std::vector<CopyDescriptor> collect;
 };
 
 // Throws PlanError on any violated limit. Zero entries in seq_splits or head_splits are allowed

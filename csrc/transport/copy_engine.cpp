@@ -40,6 +40,55 @@ void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
                                     cudaMemcpyDeviceToDevice, stream));
 }
 
+namespace {
+
+// One 3D batch op for a coalesced descriptor, or false where the geometry does not fit one
+// (a slice pitch that is not whole rows of the pitch).
+bool batch_op(const CopyDescriptor& c, const char* src, char* dst, cudaMemcpy3DBatchOp& op) {
+  if (c.src_slice_pitch % c.src_pitch != 0 || c.dst_slice_pitch % c.dst_pitch != 0) return false;
+  op = {};
+  op.src.type = cudaMemcpyOperandTypePointer;
+  op.src.op.ptr.ptr = const_cast<char*>(src + c.src_offset);
+  op.src.op.ptr.rowLength = static_cast<size_t>(c.src_pitch);  // elements of 1 byte
+  op.src.op.ptr.layerHeight = static_cast<size_t>(c.src_slice_pitch / c.src_pitch);
+  op.dst.type = cudaMemcpyOperandTypePointer;
+  op.dst.op.ptr.ptr = dst + c.dst_offset;
+  op.dst.op.ptr.rowLength = static_cast<size_t>(c.dst_pitch);
+  op.dst.op.ptr.layerHeight = static_cast<size_t>(c.dst_slice_pitch / c.dst_pitch);
+  op.extent = make_cudaExtent(c.width, c.height, c.depth);
+  op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  op.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  return true;
+}
+
+// Set once a batch was refused: this process then issues one call per copy.
+bool batch_refused = false;
+
+}  // namespace
+
+void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool capturing) {
+  if (!capturing && !batch_refused && copies.size() > 1) {
+    std::vector<cudaMemcpy3DBatchOp> ops;
+    ops.reserve(copies.size());
+    bool fits = true;
+    for (const PeerCopy& pc : copies) {
+      if (pc.copy->bytes() == 0) continue;
+      cudaMemcpy3DBatchOp op;
+      fits = fits && batch_op(coalesced(*pc.copy), pc.src, pc.dst, op);
+      ops.push_back(op);
+    }
+    if (fits && ops.empty()) return;
+    if (fits) {
+      const cudaError_t status = cudaMemcpy3DBatchAsync(ops.size(), ops.data(), 0, stream);
+      if (status == cudaSuccess) return;
+      // A refusal enqueues nothing: clear it and issue the copies one by one from now on.
+      (void)cudaGetLastError();
+      batch_refused = true;
+    }
+  }
+  for (const PeerCopy& pc : copies) issue_copy(*pc.copy, pc.src, pc.dst, stream);
+}
+
 void copy_local(const CopyDescriptor& descriptor, const at::Tensor& x, const at::Tensor& window) {
   if (descriptor.bytes() == 0) return;
   const CopyDescriptor c = coalesced(descriptor);

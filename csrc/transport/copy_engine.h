@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "plan/plan.h"
 
 namespace fast_ulysses::transport {
@@ -12,6 +14,17 @@ namespace fast_ulysses::transport {
 // `src` is the start of the input, `dst` the start of the receiving window. Empty copies are
 // skipped. Throws c10::Error on a CUDA error.
 void issue_copy(const CopyDescriptor& copy, const char* src, char* dst, cudaStream_t stream);
+
+// Several copies, each into its own destination (no two overlap), issued with one
+// cudaMemcpy3DBatchAsync where the driver takes it (eager streams only: a batch is not
+// capturable), else one call per copy. Copies within a batch run in no particular order, so
+// never put two dependent copies, or a flag write, in one.
+struct PeerCopy {
+  const CopyDescriptor* copy;
+  const char* src;  // the start of the input
+  char* dst;        // the start of the receiving window
+};
+void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool capturing);
 
 // This rank's own share, on the current stream: torch's strided copy kernel over views that
 // the descriptor describes. A same-device copy is an SM kernel either way, and this one ran

@@ -7,7 +7,7 @@
 namespace fast_ulysses::transport {
 namespace {
 
-// The ABI version of the entry points we call: both have been stable since CUDA 12.0.
+// The ABI version of the entry points we call: cuStreamBatchMemOp's v2 form, CUDA 12.0+.
 constexpr unsigned int kEntryPointVersion = 12000;
 
 template <typename Fn>
@@ -27,8 +27,7 @@ void resolve(const char* name, Fn*& fn) {
 const DriverApi& DriverApi::get() {
   static const DriverApi api = [] {
     DriverApi resolved;
-    resolve("cuStreamWriteValue64", resolved.stream_write_value64);
-    resolve("cuStreamWaitValue64", resolved.stream_wait_value64);
+    resolve("cuStreamBatchMemOp", resolved.stream_batch_mem_op);
     return resolved;
   }();
   return api;

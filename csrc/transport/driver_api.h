@@ -8,8 +8,9 @@
 namespace fast_ulysses::transport {
 
 struct DriverApi {
-  CUresult (*stream_write_value64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
-  CUresult (*stream_wait_value64)(CUstream, CUdeviceptr, cuuint64_t, unsigned int) = nullptr;
+  // cuStreamBatchMemOp (the v2 ABI of CUDA 12+): capturable, fewer than 256 ops per call.
+  CUresult (*stream_batch_mem_op)(CUstream, unsigned int, CUstreamBatchMemOpParams*,
+                                  unsigned int) = nullptr;
 
   // Resolves once per process; throws (c10::Error) naming the missing entry point.
   static const DriverApi& get();

@@ -1,9 +1,54 @@
 #include "transport/handshake.h"
 
+#include <algorithm>
+
 #include "transport/cuda_check.h"
 #include "transport/driver_api.h"
 
 namespace fast_ulysses::transport {
+namespace {
+
+// cuStreamBatchMemOp takes fewer than 256 operations per call.
+constexpr size_t kMaxOpsPerCall = 255;
+
+}  // namespace
+
+void MemOpBatch::write(char* address, uint32_t value) {
+  CUstreamBatchMemOpParams op = {};
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op.writeValue.address = reinterpret_cast<CUdeviceptr>(address);
+  op.writeValue.value = value;
+  // The default flag keeps the memory fence: everything issued before on the stream (a copy
+  // into the peer's window, a wait) is visible to whoever sees the new value.
+  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  ops_.push_back(op);
+}
+
+void MemOpBatch::wait_equal(char* address, uint32_t value) {
+  CUstreamBatchMemOpParams op = {};
+  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+  op.waitValue.address = reinterpret_cast<CUdeviceptr>(address);
+  op.waitValue.value = value;
+  op.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+  ops_.push_back(op);
+}
+
+void MemOpBatch::issue(cudaStream_t stream) {
+  const auto& api = DriverApi::get();
+  for (size_t first = 0; first < ops_.size(); first += kMaxOpsPerCall) {
+    const auto count = static_cast<unsigned int>(std::min(kMaxOpsPerCall, ops_.size() - first));
+    FU_CU_CHECK(api.stream_batch_mem_op(reinterpret_cast<CUstream>(stream), count,
+                                        ops_.data() + first, 0));
+  }
+  ops_.clear();
+}
+
+std::vector<uint32_t> Handshake::initial_header() {
+  std::vector<uint32_t> words(kHeaderBytes / 4, 0);
+  for (int slot = 0; slot < kMaxTags; ++slot)
+    for (int p = 0; p < kMaxRanks; ++p) words[offset(slot, Word::kHeld, p) / 4] = 1;
+  return words;
+}
 
 Handshake::Handshake(int rank, std::vector<char*> headers)
     : rank_(rank), headers_(std::move(headers)) {
@@ -11,34 +56,24 @@ Handshake::Handshake(int rank, std::vector<char*> headers)
               headers_.size(), " ranks: at most ", kMaxRanks);
 }
 
-int64_t Handshake::offset(int slot, Signal signal, int rank) {
-  return ((int64_t{slot} * 2 + static_cast<int>(signal)) * kMaxRanks + rank) * 8;
+int64_t Handshake::offset(int slot, Word word, int rank) {
+  return ((int64_t{slot} * kWords + static_cast<int>(word)) * kMaxRanks + rank) * 4;
 }
 
-void Handshake::signal(cudaStream_t stream, int to_rank, int slot, Signal signal,
-                       uint64_t epoch) const {
-  const auto address =
-      reinterpret_cast<CUdeviceptr>(headers_[to_rank] + offset(slot, signal, rank_));
-  // CU_STREAM_WRITE_VALUE_DEFAULT keeps the fence that orders earlier copies before the write.
-  FU_CU_CHECK(DriverApi::get().stream_write_value64(reinterpret_cast<CUstream>(stream), address,
-                                                    epoch, CU_STREAM_WRITE_VALUE_DEFAULT));
+char* Handshake::mine(int slot, Word word, int from) const {
+  return headers_[rank_] + offset(slot, word, from);
 }
 
-void Handshake::wait(cudaStream_t stream, int slot, Signal signal, int from_rank,
-                     uint64_t epoch) const {
-  const auto address =
-      reinterpret_cast<CUdeviceptr>(headers_[rank_] + offset(slot, signal, from_rank));
-  FU_CU_CHECK(DriverApi::get().stream_wait_value64(reinterpret_cast<CUstream>(stream), address,
-                                                   epoch, CU_STREAM_WAIT_VALUE_GEQ));
+char* Handshake::theirs(int to, int slot, Word word) const {
+  return headers_[to] + offset(slot, word, rank_);
 }
 
-uint64_t Handshake::read(int slot, Signal signal, int from_rank) const {
-  uint64_t value = 0;
+uint32_t Handshake::read(int slot, Word word, int from) const {
+  uint32_t value = 0;
   cudaStream_t stream = nullptr;
   FU_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const char* address = headers_[rank_] + offset(slot, signal, from_rank);
-  const cudaError_t copied =
-      cudaMemcpyAsync(&value, address, sizeof(value), cudaMemcpyDeviceToHost, stream);
+  const cudaError_t copied = cudaMemcpyAsync(&value, mine(slot, word, from), sizeof(value),
+                                             cudaMemcpyDeviceToHost, stream);
   const cudaError_t synced = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   FU_CUDA_CHECK(copied);

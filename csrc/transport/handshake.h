@@ -1,14 +1,21 @@
-// Zero-SM handshake: 64-bit signal words in the symmetric heap, written and awaited with stream
-// memory operations (cuStreamWriteValue64 / cuStreamWaitValue64). No kernel is ever launched.
+// Zero-SM, replay-safe handshake: 32-bit flag words in the symmetric heap, written and awaited
+// with stream memory operations batched into cuStreamBatchMemOp. No kernel is ever launched.
 //
-// Every rank's signal header holds, per tag slot, two words per sending rank:
-//   kConsumed[slot][j]  rank j has finished reading its window for `slot` up to epoch e
-//                       (written by j into every rank's header; a sender waits on it locally
-//                       before writing epoch e + 1 into j's window);
-//   kLanded[slot][i]    rank i's chunk of epoch e has landed in my window (written by i into my
-//                       header after its copy, stream-ordered; I wait on it locally).
-// One extra slot carries group.barrier(). Epochs only grow, so nothing is ever reset, and a wait
-// is `word >= epoch` (GEQ).
+// Flags only ever hold the constants 0 and 1, never a host counter, so a CUDA graph that
+// captured a call replays it correctly any number of times, mixed with eager calls (the
+// protocol and its safety argument: docs/DESIGN.md, "The handshake").
+//
+// Every rank's header holds, per tag slot, three words per peer p:
+//   kHeld[slot][p]       1 while p's window holds data I wrote (or, initially, "call 0"); set by
+//                        me after I acquired p's window, cleared by p when it releases it at the
+//                        start of its next call on the tag. I write into p's window only at 0.
+//   kHeldOwned[slot][p]  the same for an owned result: cleared by p on its communication stream
+//                        once it has copied the window out, so the release never depends on
+//                        work that a graph launched on another stream is not ordered after.
+//   kLanded[slot][p]     1 once p's chunk has landed in my window; set by p after its copy (a
+//                        fenced write on the copy's stream), waited and reset to 0 by me.
+// The barrier slot uses kBarrierA and kBarrierB: a barrier is two full rounds, so a fast peer's
+// next barrier can never write a flag that a slow peer has not yet reset.
 #pragma once
 
 #include <cuda.h>
@@ -19,29 +26,49 @@
 
 namespace fast_ulysses::transport {
 
-enum class Signal { kConsumed = 0, kLanded = 1 };
+enum class Word { kHeld = 0, kHeldOwned = 1, kLanded = 2, kBarrierA = 0, kBarrierB = 1 };
+
+// Stream memory operations collected on the host, issued with as few driver calls as possible
+// (cuStreamBatchMemOp takes fewer than 256 ops per call), in order.
+class MemOpBatch {
+ public:
+  void write(char* address, uint32_t value);
+  void wait_equal(char* address, uint32_t value);
+  // Issues every op on `stream` in the order added, then empties the batch.
+  void issue(cudaStream_t stream);
+  bool empty() const { return ops_.empty(); }
+
+ private:
+  std::vector<CUstreamBatchMemOpParams> ops_;
+};
 
 class Handshake {
  public:
   static constexpr int kMaxTags = 256;
   static constexpr int kBarrierSlot = kMaxTags;  // the slot of group.barrier()
   static constexpr int kMaxRanks = 8;
-  // Bytes of the signal header at the start of every rank's pool: slots x signals x ranks.
-  static constexpr int64_t kHeaderBytes = int64_t{kMaxTags + 1} * 2 * kMaxRanks * 8;
+  static constexpr int kWords = 3;
+  // Bytes of the signal header at the start of every rank's pool: slots x words x ranks.
+  static constexpr int64_t kHeaderBytes = int64_t{kMaxTags + 1} * kWords * kMaxRanks * 4;
+
+  // The header's contents before any call: kHeld = 1 for every tag slot and peer (as if a call 0
+  // had written every window), everything else 0. Written before the pool's rendezvous.
+  static std::vector<uint32_t> initial_header();
 
   // `headers[p]` is rank p's signal header as this rank addresses it.
   Handshake(int rank, std::vector<char*> headers);
 
-  // Stream-ordered after all prior work on `stream`, with a memory fence, so the bytes copied
-  // before it are visible to whoever sees the new value.
-  void signal(cudaStream_t stream, int to_rank, int slot, Signal signal, uint64_t epoch) const;
-  // `stream` proceeds once my word (slot, signal, from_rank) >= epoch.
-  void wait(cudaStream_t stream, int slot, Signal signal, int from_rank, uint64_t epoch) const;
-  // Host read of my word (for the watchdog): a blocking copy on its own stream.
-  uint64_t read(int slot, Signal signal, int from_rank) const;
+  int rank() const { return rank_; }
+  int world_size() const { return static_cast<int>(headers_.size()); }
+  // My word (slot, word) about peer `from`.
+  char* mine(int slot, Word word, int from) const;
+  // Peer `to`'s word (slot, word) about me.
+  char* theirs(int to, int slot, Word word) const;
+  // Host read of my word (for the watchdog): a blocking copy on a stream of its own.
+  uint32_t read(int slot, Word word, int from) const;
 
  private:
-  static int64_t offset(int slot, Signal signal, int rank);
+  static int64_t offset(int slot, Word word, int rank);
   int rank_;
   std::vector<char*> headers_;
 };

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
-#include <sstream>
 
 #include "transport/copy_engine.h"
 #include "transport/cuda_check.h"
@@ -23,7 +22,7 @@ namespace {
 // closing event. Never a host synchronize.
 class TransferWork : public c10d::Work {
  public:
-  TransferWork(std::shared_ptr<cudaEvent_t> done, int device_index)
+  TransferWork(EventPool::Event done, int device_index)
       : done_(std::move(done)), device_index_(device_index) {}
   bool isCompleted() override { return cudaEventQuery(*done_) == cudaSuccess; }
   bool wait(std::chrono::milliseconds /*timeout*/) override {
@@ -34,7 +33,7 @@ class TransferWork : public c10d::Work {
   void synchronize() override { FU_CUDA_CHECK(cudaEventSynchronize(*done_)); }
 
  private:
-  std::shared_ptr<cudaEvent_t> done_;
+  EventPool::Event done_;
   int device_index_;
 };
 
@@ -65,6 +64,21 @@ void record_stream(const at::Tensor& tensor, cudaStream_t stream, int device_ind
       tensor.storage().data_ptr(), c10::cuda::getStreamFromExternal(stream, device_index));
 }
 
+// Whether `stream` is being captured into a CUDA graph; raises if its capture was invalidated.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FU_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  TORCH_CHECK(status != cudaStreamCaptureStatusInvalidated,
+              "fast-ulysses: the caller's stream is in an invalidated CUDA graph capture");
+  return status == cudaStreamCaptureStatusActive;
+}
+
+constexpr size_t kMaxCachedPlans = 1024;
+
+std::vector<int64_t> shape_of(const std::array<int64_t, 4>& shape) {
+  return {shape.begin(), shape.end()};
+}
+
 }  // namespace
 
 UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
@@ -75,11 +89,25 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       handshake_(pool_.rank(), pool_.headers()) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
-  watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), world_size(), handshake_,
+  watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), handshake_,
                                          watchdog_timeout_s());
 }
 
 UlyssesGroup::~UlyssesGroup() { watchdog_.reset(); }
+
+size_t UlyssesGroup::KeyHash::operator()(const std::vector<int64_t>& key) const {
+  size_t hash = key.size();
+  for (int64_t v : key) hash ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (hash << 6) + (hash >> 2);
+  return hash;
+}
+
+const Plan& UlyssesGroup::plan(const std::vector<int64_t>& key,
+                               const std::function<Plan()>& build) {
+  auto found = plans_.find(key);
+  if (found != plans_.end()) return found->second;
+  if (plans_.size() >= kMaxCachedPlans) plans_.clear();  // shapes that vary without end
+  return plans_.emplace(key, build()).first->second;
+}
 
 UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
   auto found = tags_.find(tag);
@@ -89,106 +117,127 @@ UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
                     Handshake::kMaxTags, " distinct tags per group");
   TagState state;
   state.slot = static_cast<int>(tags_.size());  // first use order: the same on every rank
+  state.name = std::make_shared<const std::string>(tag);
   return tags_.emplace(tag, state).first->second;
 }
 
-std::shared_ptr<cudaEvent_t> UlyssesGroup::record(cudaStream_t from) {
-  auto event = std::shared_ptr<cudaEvent_t>(new cudaEvent_t(nullptr), [](cudaEvent_t* e) {
-    if (*e) cudaEventDestroy(*e);
-    delete e;
-  });
-  FU_CUDA_CHECK(cudaEventCreateWithFlags(event.get(), cudaEventDisableTiming));
-  FU_CUDA_CHECK(cudaEventRecord(*event, from));
-  return event;
+const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool capturing) {
+  if (!capturing) return pool_.acquire(tag.slot, *tag.name, bytes);
+  const Window* window = pool_.find(tag.slot, bytes);
+  TORCH_CHECK_VALUE(window != nullptr, "tag '", *tag.name, "' needs a window of ", bytes,
+                    " bytes, which it does not have yet, and windows cannot be allocated while "
+                    "a CUDA graph is being captured: before capturing, make one eager call with "
+                    "this tag and shape (a warm-up), or declare the call with group.reserve()");
+  return *window;
 }
 
-void UlyssesGroup::join(cudaStream_t from, cudaStream_t waiter) {
-  FU_CUDA_CHECK(cudaStreamWaitEvent(waiter, *record(from), 0));
+// Opening handshake of a call on `slot`, one batch on M: release my window (its previous
+// contents were read on C, joined into M, or copied out earlier on M), then acquire every
+// peer's: wait until it released what I last wrote there, and mark it held again.
+void UlyssesGroup::open(int slot, bool owned) {
+  const int P = world_size();
+  for (int k = 1; k < P; ++k)
+    batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeld), 0);
+  for (int k = 1; k < P; ++k) {
+    const int peer = (rank() + k) % P;
+    batch_.wait_equal(handshake_.mine(slot, Word::kHeld, peer), 0);
+    batch_.wait_equal(handshake_.mine(slot, Word::kHeldOwned, peer), 0);
+    batch_.write(handshake_.mine(slot, Word::kHeld, peer), 1);
+    if (owned) batch_.write(handshake_.mine(slot, Word::kHeldOwned, peer), 1);
+  }
+  batch_.issue(comm_);
 }
 
-void UlyssesGroup::announce_consumed(cudaStream_t stream, TagState& tag, uint64_t epoch) {
-  for (int p = 0; p < world_size(); ++p)
-    handshake_.signal(stream, p, tag.slot, Signal::kConsumed, epoch);
-  tag.consumed = epoch;
+// Closing handshake, one batch on M after my copies: tell every peer my chunk landed (fenced
+// writes), then wait for every peer's chunk and reset its flag.
+void UlyssesGroup::close(int slot) {
+  const int P = world_size();
+  for (int k = 1; k < P; ++k)
+    batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kLanded), 1);
+  for (int k = 1; k < P; ++k) {
+    char* landed = handshake_.mine(slot, Word::kLanded, (rank() + k) % P);
+    batch_.wait_equal(landed, 1);
+    batch_.write(landed, 0);
+  }
+  batch_.issue(comm_);
 }
 
 void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                               const TagState& tag, bool signal_landed) {
+                               bool capturing) {
   const char* src = static_cast<const char*>(x.const_data_ptr());
   const int P = world_size();
+  std::vector<PeerCopy> copies;
+  copies.reserve(P - 1);
   for (int k = 1; k < P; ++k) {
     const int peer = (rank() + k) % P;
-    handshake_.wait(comm_, tag.slot, Signal::kConsumed, peer, tag.epoch - 1);
-    issue_copy(plan.copies[peer], src, window.peers[peer], comm_);
-    if (signal_landed) handshake_.signal(comm_, peer, tag.slot, Signal::kLanded, tag.epoch);
+    copies.push_back({&plan.copies[peer], src, window.peers[peer]});
   }
-}
-
-void UlyssesGroup::wait_landed(cudaStream_t stream, const TagState& tag) {
-  for (int p = 0; p < world_size(); ++p)
-    if (p != rank()) handshake_.wait(stream, tag.slot, Signal::kLanded, p, tag.epoch);
+  issue_copies(copies, comm_, capturing);
 }
 
 at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
                                     const std::string& tag_name, Result result, bool barrier) {
   TORCH_CHECK_VALUE(x.device() == device_, "x is on ", x.device(), " but the group is on ",
                     device_, ": inputs must be on the group's device");
+  c10::cuda::CUDAGuard guard(device_);
+  cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  const bool in_capture = capturing(caller);
   TagState& tag = tag_state(tag_name);
   TORCH_CHECK_VALUE(!tag.deferred, "tag '", tag_name,
                     "' was last used with barrier=False and group.barrier() has not run since: "
                     "call group.barrier() before reusing the tag");
-  // Everything that can raise (plan, window, sealed pool) has run before anything is issued.
-  const Window& window = pool_.acquire(tag.slot, tag_name, plan.window_bytes);
-  c10::cuda::CUDAGuard guard(device_);
-  cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-  const uint64_t epoch = ++tag.epoch;
-
-  // A borrowed window of the previous call is released here, after the caller's reads of it.
-  if (tag.consumed < epoch - 1) announce_consumed(caller, tag, epoch - 1);
-  const bool deferred = result == Result::kBorrowed && !barrier;
-  join(caller, comm_);
-  send_remote(x, plan, window, tag, /*signal_landed=*/!deferred);
-  handshake_.wait(caller, tag.slot, Signal::kConsumed, rank(), epoch - 1);
-  copy_local(plan.copies[rank()], x,
-             pool_.local_view(window, window.bytes).view(x.scalar_type()));
-  record_stream(x, comm_, device_.index());
-
-  if (result == Result::kOwned) return close_owned(x, plan, window, tag, tag_name);
-
-  at::Tensor view = pool_.local_view(window, plan.output_bytes)
-                        .view(x.scalar_type())
-                        .view(std::vector<int64_t>(plan.output_shape.begin(),
-                                                   plan.output_shape.end()));
-  if (deferred) {
-    tag.deferred = true;  // barrier() closes it and joins comm_ into the caller
-    return view;
+  // Everything that can raise (plan, window, sealed pool, capture) runs before anything is
+  // issued, and so does the result's allocation (ordered before the fork into M).
+  const Window& window = window_for(tag, plan.window_bytes, in_capture);
+  const bool owned = result == Result::kOwned;
+  const bool deferred = !owned && !barrier;
+  at::Tensor mine = pool_.local_view(window, plan.window_bytes).view(x.scalar_type());
+  at::Tensor out = owned ? at::empty(shape_of(plan.output_shape), x.options())
+                         : mine.narrow(0, 0, plan.output_bytes / x.element_size())
+                               .view(shape_of(plan.output_shape));
+  ++tag.calls;
+  const bool peers = world_size() > 1;
+  if (peers) {
+    events_.join(caller, comm_);
+    open(tag.slot, owned);
+    send_remote(x, plan, window, in_capture);
   }
-  wait_landed(caller, tag);
-  join(comm_, caller);  // the caller may overwrite x once this call's copies have read it
-  std::ostringstream what;
-  what << "rank " << rank() << ": borrowed call #" << epoch << " of tag '" << tag_name << "'";
-  watchdog_->watch(record(caller), what.str(), tag.slot, epoch);
-  return view;
+  copy_local(plan.copies[rank()], x, owned ? out.view({-1}) : mine);
+  if (!peers) return out;  // one rank: the own share was the whole call, on C
+  record_stream(x, comm_, device_.index());
+  if (deferred) {
+    tag.deferred = true;  // barrier() closes it and joins M into the caller
+    return out;
+  }
+  close(tag.slot);
+  if (owned) return finish_owned(out, plan, window, tag, in_capture);
+  auto done = events_.record(comm_);
+  FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
+  if (!in_capture)
+    watchdog_->watch(std::move(done), CallKind::kBorrowed, tag.name, tag.slot, tag.calls);
+  return out;
 }
 
-at::Tensor UlyssesGroup::close_owned(const at::Tensor& x, const Plan& plan,
-                                     const Window& window, TagState& tag,
-                                     const std::string& tag_name) {
-  cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-  join(caller, comm_);  // after my own share
-  wait_landed(comm_, tag);
-  at::Tensor out = at::empty(
-      std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()), x.options());
-  if (plan.output_bytes > 0)
-    FU_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), window.local, plan.output_bytes,
-                                  cudaMemcpyDeviceToDevice, comm_));
-  announce_consumed(comm_, tag, tag.epoch);
+// M: copy the peers' chunks out of the window into `out` (my own share is already there, from
+// C), then release the window to its writers; the result is ready at M's closing event.
+at::Tensor UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan,
+                                      const Window& window, const TagState& tag,
+                                      bool capturing) {
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, comm_);
+  const int P = world_size();
+  for (int k = 1; k < P; ++k)
+    batch_.write(handshake_.theirs((rank() + k) % P, tag.slot, Word::kHeldOwned), 0);
+  batch_.issue(comm_);
   record_stream(out, comm_, device_.index());
-  auto done = record(comm_);
+  auto done = events_.record(comm_);
+  cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  if (capturing) {  // a graph must join every stream it forked; there is no Work to wait on
+    FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
+    return out;
+  }
   c10d::register_work(out, c10::make_intrusive<TransferWork>(done, device_.index()));
-  std::ostringstream what;
-  what << "rank " << rank() << ": call #" << tag.epoch << " of tag '" << tag_name << "'";
-  watchdog_->watch(std::move(done), what.str(), tag.slot, tag.epoch);
+  watchdog_->watch(std::move(done), CallKind::kOwned, tag.name, tag.slot, tag.calls);
   return out;
 }
 
@@ -202,20 +251,33 @@ void UlyssesGroup::reserve(const std::vector<std::string>& tags,
   pool_.reserve(slots);
 }
 
+// Two full rounds of flags (A then B), each waited and reset: a peer can write its next
+// barrier's A flag only after passing this barrier's B round, which every rank enters only
+// after resetting its A flags. So no flag is ever written twice before it is reset.
 void UlyssesGroup::barrier() {
+  for (auto& entry : tags_) entry.second.deferred = false;
+  const int P = world_size();
+  if (P == 1) return;
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-  const uint64_t epoch = ++barrier_epoch_;
-  join(caller, comm_);
-  for (int p = 0; p < world_size(); ++p)
-    if (p != rank()) handshake_.signal(comm_, p, Handshake::kBarrierSlot, Signal::kLanded, epoch);
-  for (int p = 0; p < world_size(); ++p)
-    if (p != rank()) handshake_.wait(caller, Handshake::kBarrierSlot, Signal::kLanded, p, epoch);
-  join(comm_, caller);
-  for (auto& entry : tags_) entry.second.deferred = false;
-  std::ostringstream what;
-  what << "rank " << rank() << ": barrier #" << epoch;
-  watchdog_->watch(record(caller), what.str(), Handshake::kBarrierSlot, epoch);
+  const bool in_capture = capturing(caller);
+  ++barriers_;
+  events_.join(caller, comm_);  // under capture this also brings M into the graph
+  for (Word round : {Word::kBarrierA, Word::kBarrierB}) {
+    for (int k = 1; k < P; ++k)
+      batch_.write(handshake_.theirs((rank() + k) % P, Handshake::kBarrierSlot, round), 1);
+    for (int k = 1; k < P; ++k) {
+      char* flag = handshake_.mine(Handshake::kBarrierSlot, round, (rank() + k) % P);
+      batch_.wait_equal(flag, 1);
+      batch_.write(flag, 0);
+    }
+  }
+  batch_.issue(comm_);
+  auto done = events_.record(comm_);
+  FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
+  if (!in_capture)
+    watchdog_->watch(std::move(done), CallKind::kBarrier, nullptr, Handshake::kBarrierSlot,
+                     barriers_);
 }
 
 void UlyssesGroup::quiesce() {

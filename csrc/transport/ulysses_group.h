@@ -1,25 +1,30 @@
-// The fast path's per-process state for one process group: windows, handshake, streams, and the
-// issue order of one all-to-all.
+// The fast path's per-process state for one process group: windows, handshake, streams, plan
+// cache, and the issue order of one all-to-all.
 //
-// Streams. The caller's stream C and the device's communication stream M (one per device). A call forks M from
-// C, issues every remote copy on M (peer rank+1 first, then rank+2, ...: peers are not all hit
-// at once), copies this rank's own share on C (a same-device copy is an SM copy either way), and
-// closes on M (owned result: the copy out of the window runs there too) or on C (borrowed).
-// Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout);
-// window and pool decisions depend on that sequence only. Breaking it leaves a wait unsatisfied;
-// the watchdog reports such a wait after FAST_ULYSSES_WATCHDOG_S seconds (default 300).
+// Streams. The caller's stream C and the device's communication stream M (one per device). A
+// call with peers forks M from C, runs the opening handshake and every remote copy on M (peer
+// rank+1 first, then rank+2, ...: peers are not all hit at once), copies this rank's own share
+// on C (straight into the result for an owned call; a same-device copy is an SM copy either
+// way), and closes on M. Borrowed calls join M back into C; owned calls hand M's closing event
+// to a c10d Work (joined into C at once under graph capture).
+// Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout,
+// entry point), replays of captured graphs included; window and pool decisions depend on that
+// sequence only. Breaking it leaves a wait unsatisfied; the watchdog reports such a wait after
+// FAST_ULYSSES_WATCHDOG_S seconds (default 300).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "plan/plan.h"
+#include "transport/event_pool.h"
 #include "transport/handshake.h"
 #include "transport/watchdog.h"
 #include "transport/window_pool.h"
@@ -36,10 +41,15 @@ class UlyssesGroup {
   UlyssesGroup(const UlyssesGroup&) = delete;
   UlyssesGroup& operator=(const UlyssesGroup&) = delete;
 
+  // The plan of a call signature (`key` encodes every argument the plan depends on), built by
+  // `build` on first use and kept for the group's lifetime.
+  const Plan& plan(const std::vector<int64_t>& key, const std::function<Plan()>& build);
+
   // Owned: returns a new tensor, registered with c10d so that wait_tensor() (the first aten op
   // on an AsyncCollectiveTensor) makes the caller's stream wait for it. Borrowed: returns a
   // view of this rank's window for `tag`, valid until the next call with that tag; with
   // barrier == false the closing handshake is left to barrier().
+  // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
                         Result result, bool barrier);
   void reserve(const std::vector<std::string>& tags, const std::vector<int64_t>& window_bytes);
@@ -58,30 +68,32 @@ class UlyssesGroup {
  private:
   struct TagState {
     int slot = 0;
-    uint64_t epoch = 0;     // calls issued with this tag
-    uint64_t consumed = 0;  // highest epoch whose window read I have announced
+    uint64_t calls = 0;     // calls issued with this tag (for the watchdog's report)
     bool deferred = false;  // last call was borrowed with barrier=false, barrier() not yet run
+    std::shared_ptr<const std::string> name;
+  };
+  struct KeyHash {
+    size_t operator()(const std::vector<int64_t>& key) const;
   };
 
   TagState& tag_state(const std::string& tag);
-  void announce_consumed(cudaStream_t stream, TagState& tag, uint64_t epoch);
-  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                   const TagState& tag, bool signal_landed);
-  void wait_landed(cudaStream_t stream, const TagState& tag);
-  at::Tensor close_owned(const at::Tensor& x, const Plan& plan, const Window& window,
-                         TagState& tag, const std::string& tag_name);
-  // A new event recorded on `from` (about 3 per call: a pool would save a few us of host time).
-  std::shared_ptr<cudaEvent_t> record(cudaStream_t from);
-  // Makes `waiter` wait for everything issued so far on `from`.
-  void join(cudaStream_t from, cudaStream_t waiter);
+  const Window& window_for(const TagState& tag, int64_t bytes, bool capturing);
+  void open(int slot, bool owned);  // on comm_
+  void close(int slot);             // on comm_
+  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, bool capturing);
+  at::Tensor finish_owned(const at::Tensor& out, const Plan& plan, const Window& window,
+                          const TagState& tag, bool capturing);
 
   std::string group_name_;
   c10::Device device_;
   WindowPool pool_;
   Handshake handshake_;
+  EventPool events_;
   cudaStream_t comm_ = nullptr;  // shared by every group on the device, lives as long as the process
   std::unordered_map<std::string, TagState> tags_;
-  uint64_t barrier_epoch_ = 0;
+  std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans_;
+  MemOpBatch batch_;  // reused: its storage stays allocated between calls
+  uint64_t barriers_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
 };
 

@@ -7,11 +7,10 @@
 
 namespace fast_ulysses::transport {
 
-Watchdog::Watchdog(std::string group_name, int device_index, int world_size,
-                   const Handshake& handshake, double timeout_s)
+Watchdog::Watchdog(std::string group_name, int device_index, const Handshake& handshake,
+                   double timeout_s)
     : group_name_(std::move(group_name)),
       device_index_(device_index),
-      world_size_(world_size),
       handshake_(handshake),
       timeout_s_(timeout_s) {
   if (timeout_s_ > 0) thread_ = std::thread([this] { run(); });
@@ -26,16 +25,20 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Watchdog::watch(std::shared_ptr<cudaEvent_t> event, std::string what, int slot,
-                     uint64_t epoch) {
+void Watchdog::watch(std::shared_ptr<cudaEvent_t> event, CallKind kind,
+                     std::shared_ptr<const std::string> tag, int slot, uint64_t call) {
   if (timeout_s_ <= 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back(
-      {std::move(event), std::move(what), slot, epoch, std::chrono::steady_clock::now()});
+  entries_.push_back({std::move(event), kind, std::move(tag), slot, call,
+                      std::chrono::steady_clock::now()});
 }
 
 void Watchdog::run() {
   cudaSetDevice(device_index_);
+  // This thread's CUDA calls (event queries, the report's reads) must never invalidate a graph
+  // capture running on the caller's thread, as they would under the default global mode.
+  cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&relaxed);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     wake_.wait_for(lock, std::chrono::milliseconds(200));
@@ -51,35 +54,52 @@ void Watchdog::run() {
       entry.reported = true;
       due.emplace_back(entry, waited);
     }
-    // Reading signal words blocks on the device: never while holding the lock watch() needs.
+    // Reading flag words blocks on the device: never while holding the lock watch() needs.
     lock.unlock();
     for (const auto& [entry, waited] : due) {
       try {
         report(entry, waited);
       } catch (const std::exception& error) {  // never let the watchdog take the process down
         std::fprintf(stderr, "fast-ulysses watchdog: %s (report failed: %s)\n",
-                     entry.what.c_str(), error.what());
+                     describe(entry).c_str(), error.what());
       }
     }
     lock.lock();
   }
 }
 
-void Watchdog::report(const Entry& entry, double waited_s) const {
-  std::ostringstream message;
-  message << "fast-ulysses watchdog: group '" << group_name_ << "': " << entry.what
-          << " has not completed after " << static_cast<int64_t>(waited_s) << " s.";
-  if (entry.slot == Handshake::kBarrierSlot) {
-    message << " Barrier signals (need " << entry.epoch << "):";
-    for (int p = 0; p < world_size_; ++p)
-      message << " rank " << p << "=" << handshake_.read(entry.slot, Signal::kLanded, p);
+std::string Watchdog::describe(const Entry& entry) const {
+  std::ostringstream what;
+  what << "rank " << handshake_.rank() << ": ";
+  if (entry.kind == CallKind::kBarrier) {
+    what << "barrier #" << entry.call;
   } else {
-    message << " Signal words on this rank: consumed (need >= " << entry.epoch - 1 << "):";
-    for (int p = 0; p < world_size_; ++p)
-      message << " rank " << p << "=" << handshake_.read(entry.slot, Signal::kConsumed, p);
-    message << "; landed (need >= " << entry.epoch << "):";
-    for (int p = 0; p < world_size_; ++p)
-      message << " rank " << p << "=" << handshake_.read(entry.slot, Signal::kLanded, p);
+    what << (entry.kind == CallKind::kBorrowed ? "borrowed call #" : "call #") << entry.call
+         << " of tag '" << *entry.tag << "'";
+  }
+  return what.str();
+}
+
+void Watchdog::report(const Entry& entry, double waited_s) const {
+  const int P = handshake_.world_size();
+  const int me = handshake_.rank();
+  std::ostringstream message;
+  message << "fast-ulysses watchdog: group '" << group_name_ << "': " << describe(entry)
+          << " has not completed after " << static_cast<int64_t>(waited_s) << " s. Flags on "
+          << "this rank, per peer:";
+  auto list = [&](const char* name, Word word) {
+    message << " " << name << " [";
+    for (int p = 0; p < P; ++p)
+      message << (p ? " " : "") << (p == me ? "-" : std::to_string(handshake_.read(entry.slot, word, p)));
+    message << "]";
+  };
+  if (entry.kind == CallKind::kBarrier) {
+    list("barrier-A (1 = peer arrived)", Word::kBarrierA);
+    list("barrier-B", Word::kBarrierB);
+  } else {
+    list("held (1 = peer has not released its window yet)", Word::kHeld);
+    list("held-owned", Word::kHeldOwned);
+    list("landed (1 = peer's chunk arrived, not yet consumed)", Word::kLanded);
   }
   message << ". A peer that lags is stuck, has died, or issued a different call sequence "
              "(set FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks).\n";

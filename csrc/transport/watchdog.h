@@ -1,16 +1,17 @@
 // Reports a stuck handshake instead of letting a broken call contract hang in silence.
 //
-// Each call hands its closing event to watch(). A thread polls the oldest unfinished events
-// every 200 ms; one still unfinished after `timeout_s` is reported once on stderr with the
-// signal words it waits on (what each peer has consumed and landed against what is needed).
-// It reports; it does not cancel: stream memory waits cannot be aborted from the host.
+// Each eager call hands its closing event to watch() with what it is (no string is built on the
+// hot path). A thread polls the oldest unfinished events every 200 ms; one still unfinished
+// after `timeout_s` is reported once on stderr with the flag words it waits on. It reports; it
+// does not cancel: stream memory waits cannot be aborted from the host. Calls captured in a CUDA
+// graph are not watched (a captured event cannot be queried).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -21,31 +22,36 @@
 
 namespace fast_ulysses::transport {
 
+enum class CallKind { kOwned, kBorrowed, kBarrier };
+
 class Watchdog {
  public:
   // timeout_s <= 0 disables it (watch() then does nothing).
-  Watchdog(std::string group_name, int device_index, int world_size, const Handshake& handshake,
+  Watchdog(std::string group_name, int device_index, const Handshake& handshake,
            double timeout_s);
   ~Watchdog();
 
-  void watch(std::shared_ptr<cudaEvent_t> event, std::string what, int slot, uint64_t epoch);
+  // `tag` is null for a barrier; `call` counts the calls of the tag (or barriers), from 1.
+  void watch(std::shared_ptr<cudaEvent_t> event, CallKind kind,
+             std::shared_ptr<const std::string> tag, int slot, uint64_t call);
 
  private:
   struct Entry {
     std::shared_ptr<cudaEvent_t> event;
-    std::string what;
+    CallKind kind;
+    std::shared_ptr<const std::string> tag;
     int slot;
-    uint64_t epoch;
+    uint64_t call;
     std::chrono::steady_clock::time_point issued;
     bool reported = false;
   };
 
   void run();
+  std::string describe(const Entry& entry) const;
   void report(const Entry& entry, double waited_s) const;
 
   std::string group_name_;
   int device_index_;
-  int world_size_;
   const Handshake& handshake_;
   double timeout_s_;
   std::mutex mutex_;

@@ -38,9 +38,10 @@ void WindowPool::add_segment(int64_t bytes, bool with_header) {
   segment.storage = c10d::symmetric_memory::empty_strided_p2p(
       {segment.bytes}, {1}, at::kByte, device_, group_name_, std::nullopt);
   if (with_header) {
-    // Zeroed and finished before the rendezvous: no peer can address it before that returns.
-    segment.storage.narrow(0, 0, Handshake::kHeaderBytes).zero_();
-    FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index())));
+    // Written and finished before the rendezvous: no peer can address it before that returns.
+    std::vector<uint32_t> words = Handshake::initial_header();
+    FU_CUDA_CHECK(cudaMemcpy(segment.storage.data_ptr(), words.data(), Handshake::kHeaderBytes,
+                             cudaMemcpyHostToDevice));
     segment.used = kHeaderReserved;
   }
   segment.handle = c10d::symmetric_memory::rendezvous(segment.storage, group_name_);
@@ -64,6 +65,11 @@ Window WindowPool::carve(Segment& segment, int index, int64_t bytes) const {
   window.local = window.peers[rank_];
   segment.used += align_up(std::max<int64_t>(bytes, 1), kAlignment);
   return window;
+}
+
+const Window* WindowPool::find(int slot, int64_t bytes) const {
+  auto found = windows_.find(slot);
+  return found != windows_.end() && found->second.bytes >= bytes ? &found->second : nullptr;
 }
 
 const Window& WindowPool::acquire(int slot, const std::string& tag, int64_t bytes) {

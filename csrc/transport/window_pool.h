@@ -5,7 +5,7 @@
 // collective). Windows are carved from the segments by a bump allocator, one per tag slot. Every
 // decision here depends only on the sequence of calls, which the contract makes identical on
 // every rank, so all ranks carve the same offsets and grow at the same call.
-// Segment 0 starts with the handshake's signal header, zeroed before its rendezvous.
+// Segment 0 starts with the handshake's signal header, initialised before its rendezvous.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -43,6 +43,8 @@ class WindowPool {
   // one (at least 1.5x the old) carved from the pool, which grows by one segment (a
   // collective) unless sealed. Windows start on kAlignment.
   const Window& acquire(int slot, const std::string& tag, int64_t bytes);
+  // The current window of `slot` if it holds at least `bytes`, else null. Never allocates.
+  const Window* find(int slot, int64_t bytes) const;
   // Gives each listed slot a window of at least its bytes, growing the pool at most once, then
   // seals it: afterwards acquire() raises for a slot without a window or one too small.
   void reserve(const std::vector<std::pair<int, int64_t>>& slots);
