@@ -8,7 +8,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
@@ -36,11 +35,6 @@ class TransferWork : public c10d::Work {
   EventPool::Event done_;
   int device_index_;
 };
-
-double watchdog_timeout_s() {
-  const char* value = std::getenv("FAST_ULYSSES_WATCHDOG_S");
-  return value ? std::atof(value) : 300.0;
-}
 
 // One communication stream per device for the whole process, never destroyed: the caching
 // allocator records events on it for every tensor it touched (recordStream), which may be freed
@@ -85,12 +79,13 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
                            int64_t initial_pool_bytes)
     : group_name_(std::move(group_name)),
       device_(device),
+      watchdog_settings_(watchdog_settings()),
       pool_(group_name_, device, initial_pool_bytes),
       handshake_(pool_.rank(), pool_.headers()) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
   watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), handshake_,
-                                         watchdog_timeout_s());
+                                         watchdog_settings_);
 }
 
 UlyssesGroup::~UlyssesGroup() { watchdog_.reset(); }

@@ -86,6 +86,7 @@ class UlyssesGroup {
 
   std::string group_name_;
   c10::Device device_;
+  WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;

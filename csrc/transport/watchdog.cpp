@@ -1,6 +1,7 @@
 #include "transport/watchdog.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -8,11 +9,12 @@
 namespace fast_ulysses::transport {
 
 Watchdog::Watchdog(std::string group_name, int device_index, const Handshake& handshake,
-                   double timeout_s)
+                   WatchdogSettings settings)
     : group_name_(std::move(group_name)),
       device_index_(device_index),
       handshake_(handshake),
-      timeout_s_(timeout_s) {
+      timeout_s_(settings.timeout_s),
+      action_(settings.action) {
   if (timeout_s_ > 0) thread_ = std::thread([this] { run(); });
 }
 
@@ -62,6 +64,12 @@ void Watchdog::run() {
       } catch (const std::exception& error) {  // never let the watchdog take the process down
         std::fprintf(stderr, "fast-ulysses watchdog: %s (report failed: %s)\n",
                      describe(entry).c_str(), error.what());
+      }
+      if (action_ == WatchdogAction::kAbort) {
+        std::fprintf(stderr, "fast-ulysses watchdog: ending this process "
+                             "(FAST_ULYSSES_WATCHDOG_ACTION=abort; 'report' only reports)\n");
+        std::fflush(stderr);
+        std::_Exit(EXIT_FAILURE);
       }
     }
     lock.lock();

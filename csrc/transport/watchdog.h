@@ -2,9 +2,11 @@
 //
 // Each eager call hands its closing event to watch() with what it is (no string is built on the
 // hot path). A thread polls the oldest unfinished events every 200 ms; one still unfinished
-// after `timeout_s` is reported once on stderr with the flag words it waits on. It reports; it
-// does not cancel: stream memory waits cannot be aborted from the host. Calls captured in a CUDA
-// graph are not watched (a captured event cannot be queried).
+// after `timeout_s` is reported once on stderr with the flag words it waits on. Stream memory
+// waits cannot be cancelled from the host, so with WatchdogAction::kAbort (the default, as
+// torch's NCCL watchdog tears a hung job down) the process then exits non-zero, which lets
+// torchrun end the job; kReport only reports. Calls captured in a CUDA graph are not watched (a
+// captured event cannot be queried).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "transport/env.h"
 #include "transport/handshake.h"
 
 namespace fast_ulysses::transport {
@@ -26,9 +29,9 @@ enum class CallKind { kOwned, kBorrowed, kBarrier };
 
 class Watchdog {
  public:
-  // timeout_s <= 0 disables it (watch() then does nothing).
+  // settings.timeout_s <= 0 disables it (watch() then does nothing).
   Watchdog(std::string group_name, int device_index, const Handshake& handshake,
-           double timeout_s);
+           WatchdogSettings settings);
   ~Watchdog();
 
   // `tag` is null for a barrier; `call` counts the calls of the tag (or barriers), from 1.
@@ -54,6 +57,7 @@ class Watchdog {
   int device_index_;
   const Handshake& handshake_;
   double timeout_s_;
+  WatchdogAction action_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Entry> entries_;

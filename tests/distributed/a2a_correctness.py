@@ -115,16 +115,19 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
 
 def check_watchdog(pg, rank, world_size, device) -> str:
     """Ranks 1.. issue their call 5 s late: rank 0's handshake waits, and its watchdog (2 s
-    here) reports it on stderr (tests/gpu checks the text); then the call completes."""
-    previous = os.environ.get("FAST_ULYSSES_WATCHDOG_S")
-    os.environ["FAST_ULYSSES_WATCHDOG_S"] = "2"
+    here, action 'report') reports it on stderr (tests/gpu checks the text); then the call
+    completes."""
+    settings = {"FAST_ULYSSES_WATCHDOG_S": "2", "FAST_ULYSSES_WATCHDOG_ACTION": "report"}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         group = fu.UlyssesGroup(pg, 1 << 20)
     finally:
-        if previous is None:
-            del os.environ["FAST_ULYSSES_WATCHDOG_S"]
-        else:
-            os.environ["FAST_ULYSSES_WATCHDOG_S"] = previous
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
     if rank != 0:
         time.sleep(5)

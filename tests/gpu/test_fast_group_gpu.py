@@ -5,6 +5,7 @@ tests/distributed/a2a_correctness.py. They skip, saying why, where no GPU is vis
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -64,3 +65,28 @@ def test_compile_traces_the_op():
         group.destroy()
     finally:
         dist.destroy_process_group()
+
+
+@needs_gpu
+def test_watchdog_abort_ends_a_hung_job():
+    """A rank that never calls: with FAST_ULYSSES_WATCHDOG_ACTION=abort (the default) its peer's
+    watchdog reports on stderr and ends the process, so torchrun exits non-zero within the
+    watchdog timeout + 10 s instead of hanging."""
+    import time
+
+    worker = Path(__file__).resolve().parents[1] / "distributed" / "watchdog_abort.py"
+    env = dict(os.environ, **SAFE_ENV, FAST_ULYSSES_ALLOW_SHARED_GPU="1",
+               FAST_ULYSSES_WATCHDOG_S="3", PYTHONUNBUFFERED="1")
+    env.pop("FAST_ULYSSES_WATCHDOG_ACTION", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(worker)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    ended = time.time()
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, f"the hung job exited 0:\n{output[-4000:]}"
+    assert "has not completed after" in result.stderr, output[-4000:]
+    assert "ending this process" in result.stderr, output[-4000:]
+    issued = re.search(r"rank 0: issuing at ([0-9.]+)", result.stdout)
+    assert issued, output[-4000:]
+    elapsed = ended - float(issued.group(1))
+    assert elapsed < 3 + 10, f"the job ended {elapsed:.1f} s after the call, past timeout + 10 s"

@@ -1,0 +1,19 @@
+// The transport's environment settings, parsed in one place. A value that does not parse is an
+// error naming the variable and the rule, never a silent default.
+#pragma once
+
+#include <string>
+
+namespace fast_ulysses::transport {
+
+enum class WatchdogAction { kReport, kAbort };
+
+struct WatchdogSettings {
+  double timeout_s = 300.0;                       // FAST_ULYSSES_WATCHDOG_S; 0 disables
+  WatchdogAction action = WatchdogAction::kAbort;  // FAST_ULYSSES_WATCHDOG_ACTION=report|abort
+};
+
+// Throws c10::ValueError (Python ValueError) naming the variable on a bad value.
+WatchdogSettings watchdog_settings();
+
+}  // namespace fast_ulysses::transport

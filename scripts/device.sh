@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The one GPU script: build, then the phases named in PHASES (default: all of them, in order).
+# Logs and JSON go to $OUT. Run it on a machine with a GPU and no internet from the repo root:
+#   PHASES="tests graph" bash scripts/device.sh
+# Phases:
+#   before  host cost of the commit in .carry/old (a `git archive` of an older commit), for a
+#           before/after comparison in one run; skipped when .carry/old is absent
+#   tests   tests/gpu (the shared-GPU worker at P = 1..8, torch.compile) and the NCCL worker at P = 1
+#   graph   the CUDA-graph suite alone (tests/gpu/test_graph_gpu.py), when `tests` is not run
+#   quick   Wan 720p host cost and device time at P = 1, 2, 8 (benchmarks/quick_wan.py)
+#   doctor  fast-ulysses doctor (text and --json)
+#   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PHASES=${PHASES:-"before tests quick doctor bench"}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# Build tools missing on an offline image travel as wheels in .whl (docs/DEVELOP.md).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+# The system g++: a compiler wrapper that links libstdc++ statically into shared objects breaks
+# the extension (docs/INSTALL.md, "Known build pitfall").
+export CXX=${CXX:-/usr/bin/g++} CC=${CC:-/usr/bin/gcc}
+export FAST_ULYSSES_CUDA_ARCH=${FAST_ULYSSES_CUDA_ARCH:-90}
+quick() {  # $1: label; quick_wan at P = 1, 2, 8 ranks sharing the GPU
+  for P in 1 2 8; do
+    FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout 120 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node $P benchmarks/quick_wan.py --shared-gpu --json "$OUT/quick_$1_p$P.json" \
+      > "$OUT/quick_$1_p$P.log" 2>&1
+    echo "$1 P=$P rc=$?"; grep -E "^Wan|call" "$OUT/quick_$1_p$P.log" | tail -3
+  done
+}
+
+if has before && [ -d .carry/old ]; then
+  t0=$(date +%s)
+  python3 -m pip install -q ./.carry/old --no-build-isolation --no-deps --target /tmp/old \
+    > "$OUT/build_old.log" 2>&1 || { tail -20 "$OUT/build_old.log"; }
+  echo "old build $(( $(date +%s) - t0 )) s"
+  PYTHONPATH=/tmp/old:${PYTHONPATH:-} quick before
+fi
+
+t0=$(date +%s)
+python3 -m pip install -e . --no-build-isolation --no-deps > "$OUT/build.log" 2>&1 \
+  || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build $(( $(date +%s) - t0 )) s"
+python3 -c "import fast_ulysses as f, torch; print('import ok', f.__version__, 'torch', torch.__version__, '| cuda part:', f.cuda_load_error or 'loaded')"
+
+if has tests; then
+  timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    tests/distributed/a2a_correctness.py --iterations 200 > "$OUT/nccl_p1.log" 2>&1
+  echo "NCCL worker P=1 rc=$?"; tail -3 "$OUT/nccl_p1.log"
+  timeout 540 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider > "$OUT/gpu_pytest.log" 2>&1
+  echo "pytest tests/gpu rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_pytest.log" | tail -30
+elif has graph; then
+  timeout 400 python3 -m pytest tests/gpu/test_graph_gpu.py -v -rs -p no:cacheprovider > "$OUT/gpu_pytest.log" 2>&1
+  echo "pytest graph rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_pytest.log" | tail -20
+fi
+has quick && quick after
+if has doctor; then
+  python3 -m fast_ulysses.cli.doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"; tail -12 "$OUT/doctor.txt"
+fi
+if has bench; then
+  R=$OUT/bench; mkdir -p "$R"
+  for P in ${BENCH_SIZES:-1 8}; do
+    FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout ${BENCH_TIMEOUT:-200} python3 -m torch.distributed.run \
+      --standalone --nproc-per-node $P -m fast_ulysses.cli.bench --shared-gpu --graph \
+      --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "h200-p$P-shared" \
+      > "$R/bench_p$P.log" 2>&1
+    echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
+  done
+  tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench
+fi
