@@ -192,3 +192,155 @@ def test_median_ms_holds_the_device_before_the_timed_calls(monkeypatch):
     assert log.count("fn") == 2 + 3 + 4
     last_sleep = max(i for i, e in enumerate(log) if isinstance(e, tuple))
     assert log[last_sleep + 1:].count("fn") == 4 and "fn" not in log[last_sleep - 2:last_sleep]
+
+
+def test_chain_length_and_gemm_shrinking():
+    from fast_ulysses.bench.timing import MIN_GEMM_SIZE, chain_length, smaller_gemm
+    assert chain_length(0.3, 0.9) == 3 and chain_length(0.2, 0.9) == 5  # >= the collective
+    assert chain_length(0.025, 0.24) == 10 and chain_length(0.1, 0.301) == 4
+    assert chain_length(12.6, 0.24) == 1 and chain_length(0.0, 1.0) == 1  # never an empty chain
+    assert smaller_gemm(8192, 1.6, 0.24) == 4096  # one GEMM ~7x the collective: halve
+    assert smaller_gemm(4096, 0.2, 0.24) == 2048  # more than half of it: halve
+    assert smaller_gemm(2048, 0.025, 0.24) is None  # a chain of 10 fits
+    assert smaller_gemm(MIN_GEMM_SIZE, 1.0, 0.001) is None
+
+
+def test_fit_chain_halves_until_one_gemm_fits_then_counts(monkeypatch):
+    """The chain for a 0.24 ms collective (the P = 1 case that printed 264% hidden beside a
+    12.6 ms chain), with one GEMM faked as 1.6 ms at 8192 and cubic in the size."""
+    from fast_ulysses.bench import stages
+    sizes = []
+    monkeypatch.setattr(stages, "gemm_chain", lambda device, size, count: (sizes.append(size),
+                                                                           size)[1])
+    monkeypatch.setattr(stages, "median_ms", lambda size, it, wu: 1.6 * (size / 8192) ** 3)
+    assert stages.fit_chain("cpu", 8192, 0.24, 5, 2) == (2048, 10)  # 10 x 0.025 ms
+    assert sizes == [8192, 4096, 2048]
+    assert stages.fit_chain("cpu", 8192, 0.9, 5, 2) == (4096, 5)  # 5 x 0.2 ms >= 0.9 ms
+    assert stages.fit_chain("cpu", 8192, 12.6, 5, 2) == (8192, 8)  # 8 x 1.6 ms >= 12.6 ms
+    assert stages.fit_chain("cpu", 256, 1e-6, 5, 2) == (128, 1)  # the smallest size, once
+
+
+def test_measure_overlap_sizes_the_chain_to_the_collective(monkeypatch):
+    from fast_ulysses.bench import stages
+    ctx = argparse.Namespace(iters=40, device="cpu", gemm_size=8192, gemms="auto",
+                             overlap_repeats=3)
+    calls = {}
+    monkeypatch.setattr(stages, "on_side", lambda fn: "coll-on-side")
+    monkeypatch.setattr(stages, "median_ms", lambda fn, it, wu: 0.3)
+    monkeypatch.setattr(stages, "fit_chain", lambda device, size, target, it, wu: (2048, 3))
+    monkeypatch.setattr(stages, "gemm_chain", lambda device, size, count: ("chain", size, count))
+
+    def fake_overlap(gemms, collective, it, wu, repeats):
+        calls.update(gemms=gemms, it=it, repeats=repeats)
+        return {"hidden": 0.5}
+    monkeypatch.setattr(stages, "overlap", fake_overlap)
+    o = stages.measure_overlap(ctx, lambda: None)
+    assert o == {"hidden": 0.5, "gemm_size": 2048, "gemms": 3, "target_ms": 0.3}
+    assert calls == {"gemms": ("chain", 2048, 3), "it": 10, "repeats": 3}
+    ctx.gemms = 8  # a fixed count: no calibration of the chain
+    assert stages.measure_overlap(ctx, lambda: None)["gemms"] == 8
+    assert calls["gemms"] == ("chain", 8192, 8)
+
+
+def test_overlap_summary_is_the_median_and_spread_of_hidden():
+    from fast_ulysses.bench.timing import spread, summarize_overlap
+    assert spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    assert spread([None]) == {"median": None, "min": None, "max": None}
+    runs = [{"gemm_ms": g, "collective_ms": c, "both_ms": b, "hidden": (g + c - b) / c}
+            for g, c, b in ((0.30, 0.25, 0.40), (0.32, 0.24, 0.50), (0.29, 0.26, 0.31))]
+    s = summarize_overlap(runs)
+    assert s["hidden"] == pytest.approx(0.6) and s["hidden_min"] == pytest.approx(0.25)
+    assert s["hidden_max"] == pytest.approx(0.24 / 0.26)
+    assert (s["gemm_ms"], s["collective_ms"], s["both_ms"]) == (0.30, 0.25, 0.40)
+    assert s["runs"] == runs
+
+
+def _graph_results(error=None):
+    results = synthetic_results()
+    r = results["cases"][0]["result"]
+    r["graph_copy"] = {"ms": 0.25, "host_us": 8.0, "error": None}
+    r["graph_borrowed"] = {"ms": None, "host_us": None, "error": error} if error else {
+        "ms": 0.2, "host_us": 6.5, "error": None}
+    r["fast_overlap"] = {"gemm_ms": 0.26, "collective_ms": 0.24, "both_ms": 0.35, "hidden": 0.625,
+                         "hidden_min": 0.5, "hidden_max": 0.75, "runs": [{}] * 5,
+                         "gemm_size": 4096, "gemms": 1, "target_ms": 0.24}
+    return results
+
+
+def test_table_and_json_carry_the_graph_rows_and_overlap_spread(tmp_path):
+    table = {row[1]: row for row in report.rows(_graph_results())}
+    assert table["graph copy"][2:] == ["0.250", "387.1", "4.80x", "8.0"]  # 1.2 / 0.25
+    assert table["graph borrowed"][2:] == ["0.200", "483.8", "6.00x", "6.5"]
+    assert table["overlap fast copy"][2] == ("62% hidden [50%, 75% over 5] (chain: 1 x 4096 "
+                                             "GEMMs 0.260 ms, coll 0.240, both 0.350)")
+    saved = json.loads(report.write_json(_graph_results(), tmp_path, "g").read_text())
+    assert saved["cases"][0]["result"]["graph_borrowed"]["ms"] == 0.2
+    assert saved["cases"][0]["result"]["fast_overlap"]["hidden_max"] == 0.75
+
+
+def test_a_capture_error_is_a_row_not_a_crash(tmp_path):
+    error = "rank 3: RuntimeError: " + "operation not permitted when stream is capturing " * 9
+    results = _graph_results(error)
+    table = {row[1]: row for row in report.rows(results)}
+    assert table["graph borrowed"][2] == "n/a: " + error[:report.ERROR_CHARS]
+    assert table["graph copy"][2] == "0.250"
+    saved = json.loads(report.write_json(results, tmp_path, "e").read_text())
+    assert saved["cases"][0]["result"]["graph_borrowed"]["error"] == error
+    import io
+
+    from rich.console import Console
+    report.print_table(results, Console(file=io.StringIO(), width=200))
+
+
+def test_slowest_keeps_an_overlap_record_whole_and_the_agreed_error():
+    def o(hidden, top):
+        return {"hidden": hidden, "hidden_min": hidden and hidden - .1, "hidden_max": top,
+                "gemms": 2}
+    a = {"o": o(.8, .95), "g": {"ms": None, "error": "rank 1: boom"}}
+    b = {"o": o(.4, 1.9), "g": {"ms": None, "error": "rank 1: boom"}}
+    s = report.slowest([a, b])
+    assert s["o"] == o(.4, 1.9)  # the least hidden rank's spread, not a max across ranks
+    assert s["g"] == {"ms": None, "error": "rank 1: boom"}
+    assert report.slowest([{"o": o(None, None)}, {"o": o(None, None)}])["o"]["gemms"] == 2
+
+
+def test_first_error_names_the_first_failing_rank():
+    from fast_ulysses.bench.stages import first_error
+    assert first_error([None, None]) is None
+    assert first_error([None, "ValueError: x", "RuntimeError: y"]) == "rank 1: ValueError: x"
+
+
+def test_graph_timing_records_a_capture_error_or_times_replays(world1, monkeypatch):
+    from fast_ulysses.bench import stages
+
+    def broken(fn):
+        raise RuntimeError("capture invalidated")
+    monkeypatch.setattr(stages, "capture", broken)
+    assert stages.graph_timing(lambda: None, 5, 1) == {
+        "ms": None, "host_us": None, "error": "rank 0: RuntimeError: capture invalidated"}
+
+    log = []
+    graph = argparse.Namespace(replay=lambda: log.append("replay"),
+                               reset=lambda: log.append("reset"))
+    monkeypatch.setattr(stages, "capture", lambda fn: graph)
+    monkeypatch.setattr(stages, "median_ms", lambda fn, it, wu: (fn(), 0.125)[1])
+    monkeypatch.setattr(stages, "host_us", lambda fn, it: (fn(), 7.5)[1])
+    assert stages.graph_timing(lambda: None, 5, 1) == {"ms": 0.125, "host_us": 7.5,
+                                                       "error": None}
+    assert log == ["replay", "replay", "reset"]
+
+
+def test_bench_cli_flags_and_defaults_in_help():
+    args = _args()
+    assert (args.gemms, args.overlap_repeats, args.graph) == ("auto", 5, False)
+    assert _args(gemms=0).gemms == 0 and _args(gemms=3).gemms == 3
+    parser = argparse.ArgumentParser(formatter_class=bench.HelpFormatter)
+    bench.add_arguments(parser)
+    assert parser.parse_args(["--graph", "--overlap-repeats", "7"]).overlap_repeats == 7
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gemms", "-1"])
+    text = " ".join(parser.format_help().split())
+    for default in ("(default: auto)", "(default: 5)", "(default: 8192)", "(default: 50)",
+                    "(default: 0)", "(default: benchmarks/results)"):
+        assert default in text, default
+    assert "(default: None)" not in text and "(default: False)" not in text

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 NA = "n/a"
+ERROR_CHARS = 160  # of a capture error in the table (the JSON keeps all of it)
 
 
 def _ms(value) -> str:
@@ -29,9 +30,32 @@ def _pct(fraction) -> str:
     return NA if fraction is None else f"{100 * fraction:.0f}%"
 
 
+def overlap_text(o: dict | None) -> str:
+    """hidden's median over the repeats, its spread [min, max], and the median times."""
+    if o is None:
+        return NA
+    text = f"{_pct(o['hidden'])} hidden"
+    if o.get("runs"):
+        text += f" [{_pct(o['hidden_min'])}, {_pct(o['hidden_max'])} over {len(o['runs'])}]"
+    chain = f"{o['gemms']} x {o['gemm_size']} GEMMs " if "gemms" in o else ""
+    return (text + f" (chain: {chain}{o['gemm_ms']:.3f} ms, coll {o['collective_ms']:.3f}, "
+            f"both {o['both_ms']:.3f})")
+
+
+def graph_rows(r: dict) -> list[tuple]:
+    """(name, ms, host us, error) per captured entry point, when --graph was given."""
+    out = []
+    for key, name in (("graph_copy", "graph copy"), ("graph_borrowed", "graph borrowed")):
+        g = r.get(key)
+        if g is not None:
+            out.append((name, g["ms"], g["host_us"], g["error"]))
+    return out
+
+
 def rows(results: dict) -> list[list[str]]:
     """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
-    against the permute + all_to_all_single + permute baseline, host us per call."""
+    against the permute + all_to_all_single + permute baseline, host us per call (per replay
+    for the graph rows; a capture error stands in the ms column)."""
     out = []
     for entry in results["cases"]:
         r = entry["result"]
@@ -51,11 +75,14 @@ def rows(results: dict) -> list[list[str]]:
         for name, ms, host in variants:
             out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
                         NA if host is None else f"{host:.1f}"])
+        for name, ms, host, error in graph_rows(r):
+            if error is not None:
+                out.append([label, name, f"{NA}: {error[:ERROR_CHARS]}", "", "", ""])
+                continue
+            out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
+                        NA if host is None else f"{host:.1f}"])
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
-            o = r.get(key)
-            text = NA if o is None else (f"{_pct(o['hidden'])} hidden (gemm {o['gemm_ms']:.2f}"
-                                         f", coll {o['collective_ms']:.2f}, both {o['both_ms']:.2f})")
-            out.append([label, f"overlap {name}", text, "", "", ""])
+            out.append([label, f"overlap {name}", overlap_text(r.get(key)), "", "", ""])
     return out
 
 
@@ -127,19 +154,25 @@ def write_plot(results: dict, path: str | Path) -> Path:
 
 
 def slowest(per_rank: list[dict]) -> dict:
-    """Element-wise max over ranks (the table reflects the slowest rank); booleans AND."""
+    """Element-wise max over ranks (the table reflects the slowest rank); booleans AND; text
+    (an error every rank agreed on) the first rank's. An overlap record (it has `hidden`) is
+    taken whole from the least hidden rank: its chain, times and spread belong together."""
     first = per_rank[0]
     out = {}
     for key, value in first.items():
         values = [r[key] for r in per_rank]
         if isinstance(value, bool):
             out[key] = all(values)
+        elif isinstance(value, dict) and "hidden" in value:
+            out[key] = min(values, key=_hidden_order)
         elif isinstance(value, dict):
             out[key] = slowest(values)
-            if "hidden" in value:  # hidden fraction: report the least hidden rank
-                hidden = [v["hidden"] for v in values if v["hidden"] is not None]
-                out[key]["hidden"] = min(hidden) if hidden else None
         else:  # None: not measured on that rank
             present = [v for v in values if v is not None]
-            out[key] = max(present) if present else None
+            text = [v for v in present if isinstance(v, str)]
+            out[key] = text[0] if text else (max(present) if present else None)
     return out
+
+
+def _hidden_order(o: dict) -> float:
+    return float("inf") if o["hidden"] is None else o["hidden"]

@@ -3,7 +3,8 @@
 Baseline (what yunchang / DeepSpeed-Ulysses do): permute + contiguous, `all_to_all_single` with
 split sizes, permute + contiguous; and the raw `all_to_all_single` alone on the already permuted
 buffer. fast-ulysses: the copy and borrowed entry points; the own-share relayout alone (torch
-`copy_` of the same strided chunk on this GPU); GEMM-chain overlap; host CPU per call.
+`copy_` of the same strided chunk on this GPU); GEMM-chain overlap; host CPU per call;
+with --graph, CUDA-graph replays of one captured call of each entry point.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from .. import plan as make_plan
-from .timing import host_us, median_ms, overlap
+from .timing import (capture, chain_length, host_us, median_ms, on_side, overlap,
+                     smaller_gemm)
 
 
 @dataclass
@@ -106,20 +108,81 @@ def gemm_chain(device, size: int, count: int):
     return run
 
 
+def fit_chain(device, max_size: int, target_ms: float, iters: int, warmup: int) -> tuple:
+    """(GEMM size, count) for a chain of about target_ms: the size halved while one GEMM is much
+    longer than the target, then as many GEMMs as fit (at least one)."""
+    size = max_size
+    while True:
+        one = median_ms(gemm_chain(device, size, 1), iters, warmup)
+        smaller = smaller_gemm(size, one, target_ms)
+        if smaller is None:
+            return size, chain_length(one, target_ms)
+        size = smaller
+
+
+def measure_overlap(ctx, collective) -> dict:
+    """The collective beside a GEMM chain sized to the collective's own time (--gemms auto) or
+    --gemms GEMMs of --gemm-size, measured --overlap-repeats times (timing.overlap)."""
+    it, wu = max(5, ctx.iters // 4), 2
+    target = median_ms(on_side(collective), it, wu)
+    size, count = ctx.gemm_size, ctx.gemms
+    if count == "auto":
+        size, count = fit_chain(ctx.device, ctx.gemm_size, target, it, wu)
+    o = overlap(gemm_chain(ctx.device, size, count), collective, it, wu, ctx.overlap_repeats)
+    o.update(gemm_size=size, gemms=count, target_ms=target)
+    return o
+
+
+def first_error(errors: list) -> str | None:
+    """The first rank's error among every rank's (None: every rank succeeded)."""
+    for rank, error in enumerate(errors):
+        if error is not None:
+            return f"rank {rank}: {error}"
+    return None
+
+
+def _agreed_error(error: str | None) -> str | None:
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return first_error(errors)
+
+
+def graph_timing(fn, iters: int, warmup: int) -> dict:
+    """ms and host us per replay of a CUDA graph of one fn() (timing.capture), or why not:
+    when capture raised on any rank, every rank skips the replays (a lone replay would wait
+    for peers forever) and records that rank's error."""
+    error, graph = None, None
+    try:
+        graph = capture(fn)
+    except Exception as e:  # noqa: BLE001 - recorded in the results, not fatal to the bench
+        error = f"{type(e).__name__}: {e}"
+    error = _agreed_error(error)
+    if error is not None:
+        return {"ms": None, "host_us": None, "error": error}
+    out = {"ms": median_ms(graph.replay, iters, warmup), "host_us": host_us(graph.replay, iters),
+           "error": None}
+    graph.reset()
+    return out
+
+
 def _wait(t):
     return t.wait() if hasattr(t, "wait") else t
 
 
-def run_case(case: Case, mode: int, ctx) -> dict:
-    """Times every stage of one (case, mode) on this rank; numbers in ms, host in us.
-    `ctx` has: rank, fast (UlyssesGroup), baseline_group (None when it cannot run),
-    baseline_note, iters, warmup, gemms (callable or None)."""
-    x = (torch.randn(case.input_shape(ctx.rank, mode), device=ctx.device) * 2).to(case.dtype)
-    kw = case.kwargs()
-    tag = f"{case.name}-{mode}"
-    fast = ctx.fast
+def _entry_points(fast, x, mode: int, tag: str, kw: dict) -> tuple:
+    """(copy, borrowed): the two fast entry points on x, each with its own tag."""
     copy = lambda: _wait(fast.all_to_all_single_4d(x, mode, tag, **kw))  # noqa: E731
     borrowed = lambda: fast.all_to_all_single_4d_borrowed(x, mode, tag + "-b", **kw)  # noqa: E731
+    return copy, borrowed
+
+
+def run_case(case: Case, mode: int, ctx) -> dict:
+    """Times every stage of one (case, mode) on this rank; numbers in ms, host in us.
+    `ctx` has: rank, device, fast (UlyssesGroup), baseline_group (None when it cannot run),
+    iters, warmup, gemm_size, gemms ("auto", a count, or 0: no overlap), overlap_repeats,
+    graph (time CUDA-graph replays too)."""
+    x = (torch.randn(case.input_shape(ctx.rank, mode), device=ctx.device) * 2).to(case.dtype)
+    copy, borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}", case.kwargs())
     r = {"bytes_in": x.numel() * x.element_size()}
     it, wu = ctx.iters, ctx.warmup
     r["fast_copy_ms"] = median_ms(copy, it, wu)
@@ -127,20 +190,31 @@ def run_case(case: Case, mode: int, ctx) -> dict:
     r["own_share_ms"] = median_ms(own_share_copy(case, mode, ctx.rank, x), it, wu)
     r["fast_copy_host_us"] = host_us(copy, it)
     r["fast_borrowed_host_us"] = host_us(borrowed, it)
-    if ctx.gemms is not None:
-        r["fast_overlap"] = overlap(ctx.gemms, copy, max(5, it // 4), 2)
-    if ctx.baseline_group is None:
-        return r
+    if ctx.gemms:
+        r["fast_overlap"] = measure_overlap(ctx, copy)
+    if ctx.baseline_group is not None:
+        r.update(run_baseline(case, mode, ctx, x, copy))
+    if ctx.graph:  # own tags: one eager call sizes their windows, then capture and replay
+        g_copy, g_borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}-g",
+                                           case.kwargs())
+        r["graph_copy"] = graph_timing(g_copy, it, wu)
+        r["graph_borrowed"] = graph_timing(g_borrowed, it, wu)
+    return r
+
+
+def run_baseline(case: Case, mode: int, ctx, x, copy) -> dict:
+    """The baseline's stages, eager (gloo cannot be captured), and the bit-exact check."""
     base = Baseline(ctx.baseline_group, case, mode, ctx.rank)
     permuted = base.permute_in(x)
     received = base.exchange(permuted)
-    r["baseline_ms"] = median_ms(lambda: base.full(x), it, wu)
-    r["permute_in_ms"] = median_ms(lambda: base.permute_in(x), it, wu)
-    r["raw_a2a_ms"] = median_ms(lambda: base.exchange(permuted), it, wu)
-    r["permute_out_ms"] = median_ms(lambda: base.permute_out(received), it, wu)
-    r["baseline_host_us"] = host_us(lambda: base.full(x), it)
-    if ctx.gemms is not None:
-        r["baseline_overlap"] = overlap(ctx.gemms, lambda: base.full(x), max(5, it // 4), 2)
+    it, wu = ctx.iters, ctx.warmup
+    r = {"baseline_ms": median_ms(lambda: base.full(x), it, wu),
+         "permute_in_ms": median_ms(lambda: base.permute_in(x), it, wu),
+         "raw_a2a_ms": median_ms(lambda: base.exchange(permuted), it, wu),
+         "permute_out_ms": median_ms(lambda: base.permute_out(received), it, wu),
+         "baseline_host_us": host_us(lambda: base.full(x), it)}
+    if ctx.gemms:
+        r["baseline_overlap"] = measure_overlap(ctx, lambda: base.full(x))
     # Check, not time: the baseline and the fast path agree bit for bit.
     r["baseline_matches_fast"] = bool(torch.equal(base.full(x), copy()))
     return r

@@ -22,31 +22,58 @@ from ..presets import PRESETS, even_splits
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written; each option's default after its help (flags and options
+    without a default say nothing)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="stage-by-stage benchmark against the baseline",
-                              description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_arguments(p)
     p.set_defaults(run=run)
+
+
+def gemm_count(text: str):
+    """--gemms: "auto" (sized to the collective's time) or a fixed count (0: no overlap)."""
+    if text == "auto":
+        return text
+    count = int(text)
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"--gemms {text}: a count >= 0 or auto")
+    return count
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", action="append", choices=sorted(PRESETS),
                    help="repeatable; default: every preset unless --shape is given")
     p.add_argument("--shape", help="custom full shape b,S,N,d (sequence and heads unsplit)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type")
     p.add_argument("--text-tokens", type=int, default=0, help="tokens added to every sequence")
-    p.add_argument("--modes", default="0,1")
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--gemm-size", type=int, default=8192)
-    p.add_argument("--gemms", type=int, default=8, help="GEMMs in the overlap chain (0: skip)")
+    p.add_argument("--modes", default="0,1", help="modes to run, comma-separated")
+    p.add_argument("--iters", type=int, default=50, help="timed calls per median")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls before them")
+    p.add_argument("--gemm-size", type=int, default=8192,
+                   help="overlap GEMM size (with --gemms auto: the largest tried)")
+    p.add_argument("--gemms", type=gemm_count, default="auto",
+                   help="GEMMs in the overlap chain: auto (a chain about as long as the "
+                        "collective), a count, or 0 to skip the overlap")
+    p.add_argument("--overlap-repeats", type=int, default=5,
+                   help="overlap measurements per collective (median and spread reported)")
+    p.add_argument("--graph", action="store_true",
+                   help="also time CUDA-graph replays of one captured call of each entry point")
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to spawn when not under torchrun (default: GPU count)")
     p.add_argument("--shared-gpu", action="store_true",
                    help="every rank on cuda:0 over gloo (sets FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
-    p.add_argument("--out-dir", default="benchmarks/results")
-    p.add_argument("--label", default=None)
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--out-dir", default="benchmarks/results", help="where JSON and PNG go")
+    p.add_argument("--label", default=None, help="file name label (default: p<P>[-shared])")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
 
 
 def cases(args, world_size: int) -> list:
@@ -110,20 +137,21 @@ def worker(args) -> dict | None:
     """Runs every case on this rank; rank 0 returns the results dict (slowest rank)."""
     import fast_ulysses as fu
     from ..bench.report import slowest
-    from ..bench.stages import gemm_chain, run_case
+    from ..bench.stages import run_case
 
     rank, P = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK",
                                                                                 rank)))
     torch.cuda.set_device(device)
     ctx = SimpleNamespace(rank=rank, device=device, iters=args.iters, warmup=args.warmup,
-                          fast=fu.UlyssesGroup(dist.group.WORLD, 0))
+                          fast=fu.UlyssesGroup(dist.group.WORLD, 0), gemm_size=args.gemm_size,
+                          gemms=args.gemms, overlap_repeats=args.overlap_repeats,
+                          graph=args.graph)
     ctx.baseline_group, note = dist.group.WORLD, "torch.distributed all_to_all_single (NCCL)"
     if args.shared_gpu and P > 1:
         ctx.baseline_group, note = None, "n/a: NCCL cannot run with ranks sharing one GPU"
     elif args.shared_gpu:
         ctx.baseline_group = dist.new_group([0], backend="nccl")
-    ctx.gemms = gemm_chain(device, args.gemm_size, args.gemms) if args.gemms else None
     modes = [int(m) for m in args.modes.split(",")]
     todo = [(c, m) for c in cases(args, P) for m in modes]
     entries = []
@@ -200,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="fast-ulysses bench", description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
+                                     formatter_class=HelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
