@@ -250,12 +250,12 @@ void UlyssesGroup::reserve(const std::vector<std::string>& tags,
 // barrier's A flag only after passing this barrier's B round, which every rank enters only
 // after resetting its A flags. So no flag is ever written twice before it is reset.
 void UlyssesGroup::barrier() {
-  for (auto& entry : tags_) entry.second.deferred = false;
   const int P = world_size();
-  if (P == 1) return;
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
+  for (auto& entry : tags_) entry.second.deferred = false;
+  if (P == 1) return;
   ++barriers_;
   events_.join(caller, comm_);  // under capture this also brings M into the graph
   for (Word round : {Word::kBarrierA, Word::kBarrierB}) {
