@@ -23,7 +23,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # The system g++: a compiler wrapper that links libstdc++ statically into shared objects breaks
 # the extension (docs/INSTALL.md, "Known build pitfall").
-export CXX=${CXX:-/usr/bin/g++} CC=${CC:-/usr/bin/gcc}
+# Forced, not defaulted: an image may set CXX to such a wrapper, and CMake caches the compiler
+# of an existing build tree, so the tree is rebuilt from scratch.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
+rm -rf build/cp3*
 export FAST_ULYSSES_CUDA_ARCH=${FAST_ULYSSES_CUDA_ARCH:-90}
 quick() {  # $1: label; quick_wan at P = 1, 2, 8 ranks sharing the GPU
   for P in 1 2 8; do

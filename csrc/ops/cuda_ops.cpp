@@ -52,8 +52,9 @@ std::vector<int64_t> plan_key(int64_t mode, at::IntArrayRef shape, int64_t eleme
 at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
                const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
                const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
-               Result result, bool barrier) {
+               Result result, bool barrier, std::optional<int64_t> rank) {
   auto group = find_group(group_name);
+  if (rank) collective_rank(group_name, rank);  // raises unless it is this process's rank
   const int64_t element_size = checked_element_size(x);
   const Plan& plan = group->plan(
       plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout),
@@ -66,17 +67,20 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
 
 at::Tensor all_to_all_cuda(const at::Tensor& x, int64_t mode, std::string tag,
                            std::string group_name, std::optional<at::IntArrayRef> seq_splits,
-                           std::optional<at::IntArrayRef> head_splits, std::string layout) {
-  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true);
+                           std::optional<at::IntArrayRef> head_splits, std::string layout,
+                           std::optional<int64_t> rank) {
+  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true,
+             rank);
 }
 
 at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x, int64_t mode, std::string tag,
                                     std::string group_name,
                                     std::optional<at::IntArrayRef> seq_splits,
                                     std::optional<at::IntArrayRef> head_splits,
-                                    std::string layout, bool barrier) {
+                                    std::string layout, bool barrier,
+                                    std::optional<int64_t> rank) {
   return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kBorrowed,
-             barrier);
+             barrier, rank);
 }
 
 void create_group(std::string group_name, int64_t device_index, int64_t initial_pool_bytes) {

@@ -44,9 +44,9 @@ CopyDescriptor descriptor_from(at::IntArrayRef row) {
 at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& group_name,
                        const std::optional<at::IntArrayRef>& seq_splits,
                        const std::optional<at::IntArrayRef>& head_splits,
-                       const std::string& layout) {
+                       const std::string& layout, std::optional<int64_t> rank) {
   auto group = c10d::resolve_process_group(group_name);
-  const Plan plan = plan_for(group->getSize(), group->getRank(), mode, x.sizes(),
+  const Plan plan = plan_for(group->getSize(), collective_rank(group_name, rank), mode, x.sizes(),
                              checked_element_size(x), seq_splits, head_splits, layout);
   return at::empty(std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
                    x.options());
@@ -116,16 +116,26 @@ void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef des
 
 at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
                            std::string group_name, std::optional<at::IntArrayRef> seq_splits,
-                           std::optional<at::IntArrayRef> head_splits, std::string layout) {
-  return meta_output(x, mode, group_name, seq_splits, head_splits, layout);
+                           std::optional<at::IntArrayRef> head_splits, std::string layout,
+                           std::optional<int64_t> rank) {
+  return meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
 }
 
 at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
                                     std::string group_name,
                                     std::optional<at::IntArrayRef> seq_splits,
                                     std::optional<at::IntArrayRef> head_splits,
-                                    std::string layout, bool /*barrier*/) {
-  return meta_output(x, mode, group_name, seq_splits, head_splits, layout);
+                                    std::string layout, bool /*barrier*/,
+                                    std::optional<int64_t> rank) {
+  return meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
+}
+
+int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank) {
+  const int64_t actual = c10d::resolve_process_group(group_name)->getRank();
+  TORCH_CHECK_VALUE(!rank || *rank == actual, "rank=", *rank, " but this process is rank ",
+                    actual, " of process group '", group_name,
+                    "': pass the process's own rank (or None)");
+  return actual;
 }
 
 }  // namespace fast_ulysses::ops

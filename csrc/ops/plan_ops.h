@@ -31,12 +31,18 @@ void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef des
 
 at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string tag,
                            std::string group_name, std::optional<at::IntArrayRef> seq_splits,
-                           std::optional<at::IntArrayRef> head_splits, std::string layout);
+                           std::optional<at::IntArrayRef> head_splits, std::string layout,
+                           std::optional<int64_t> rank);
 at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::string tag,
                                     std::string group_name,
                                     std::optional<at::IntArrayRef> seq_splits,
                                     std::optional<at::IntArrayRef> head_splits,
-                                    std::string layout, bool barrier);
+                                    std::string layout, bool barrier,
+                                    std::optional<int64_t> rank);
+
+// The rank a collective runs as: `rank` when given (it must equal the process group's rank in
+// `group_name`), else the group's rank.
+int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank);
 
 // Checks the input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte dtype) and returns its
 // element size; the device rule is the transport's.

@@ -16,14 +16,18 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def("host_copy(Tensor src, Tensor(a!) dst, int[] descriptor) -> ()");
 
   // The collectives. `group_name` is the c10d name of the process group the UlyssesGroup was
-  // built on (ProcessGroup.group_name).
+  // built on (ProcessGroup.group_name). `rank` (this process's rank in it) makes the output
+  // shape, which depends on the rank with uneven splits, a function of the arguments alone, so
+  // a compiled graph cached by one rank is never reused by another with a different shape; when
+  // given it must be the group's rank. The Python API always passes it.
   m.def(
       "all_to_all_single_4d(Tensor x, int mode, str tag, str group_name, "
-      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd') -> Tensor");
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', int? rank=None) "
+      "-> Tensor");
   m.def(
       "all_to_all_single_4d_borrowed(Tensor x, int mode, str tag, str group_name, "
-      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', bool barrier=True) "
-      "-> Tensor");
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', bool barrier=True, "
+      "int? rank=None) -> Tensor");
 
   // Group management (implemented in _cuda). Collective: every rank calls them in the same order.
   m.def("create_group(str group_name, int device_index, int initial_pool_bytes) -> ()");

@@ -91,7 +91,7 @@ class UlyssesGroup:
         """
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
         out = ops.all_to_all_single_4d(x, mode, tag, self.group_name, _list(seq_splits),
-                                       _list(head_splits), layout)
+                                       _list(head_splits), layout, self.rank)
         return _maybe_wrap_tensor(out)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
@@ -104,12 +104,19 @@ class UlyssesGroup:
         With barrier=False the closing handshake is deferred: the result may be read only after
         `barrier()`, and `x` may not be modified before then. Several calls (a layer's q, k, v)
         then share one barrier.
+
+        Under torch.compile this traces as `all_to_all_single_4d` (an owned result, closed by
+        its own handshake): CUDA-graph trees (mode="reduce-overhead") refuse a graph output that
+        lives outside their memory pool, as a window does. Results are the same.
         """
+        if torch.compiler.is_compiling():
+            return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
+                                             head_splits=head_splits, layout=layout)
         self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
                           head_splits, layout, barrier)
         return ops.all_to_all_single_4d_borrowed(x, mode, tag, self.group_name,
                                                  _list(seq_splits), _list(head_splits), layout,
-                                                 bool(barrier))
+                                                 bool(barrier), self.rank)
 
     def barrier(self) -> None:
         """Closes every deferred borrowed call (barrier=False): stream-ordered on the caller's

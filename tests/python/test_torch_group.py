@@ -132,3 +132,15 @@ def test_reserve_checks_calls(world1):
     group.reserve([CallSpec((1, 6, 8, 128), torch.bfloat16, 0, "q")])
     with pytest.raises(ValueError, match="element size"):
         group.reserve([CallSpec((1, 6, 8, 128), torch.float64, 0, "q")])
+
+
+@pytest.mark.parametrize("op", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed"])
+def test_meta_kernel_takes_the_rank_and_refuses_another(world1, op):
+    """The op's `rank` argument (what keeps compiled graphs of different ranks apart) must be
+    this process's rank: the Meta kernel gives the plan's shape for it and refuses another."""
+    fn = getattr(torch.ops.fast_ulysses, op)
+    x = torch.zeros(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
+    out = fn(x, 0, "t", world1.group_name, None, None, "bshd", rank=0)
+    assert tuple(out.shape) == (1, 6, 4, 8)
+    with pytest.raises(ValueError, match=r"rank=1 but this process is rank 0"):
+        fn(x, 0, "t", world1.group_name, None, None, "bshd", rank=1)
