@@ -35,12 +35,14 @@ void MemOpBatch::wait_equal(char* address, uint32_t value) {
 
 void MemOpBatch::issue(cudaStream_t stream) {
   const auto& api = DriverApi::get();
-  for (size_t first = 0; first < ops_.size(); first += kMaxOpsPerCall) {
+  CUresult result = CUDA_SUCCESS;
+  for (size_t first = 0; first < ops_.size() && result == CUDA_SUCCESS; first += kMaxOpsPerCall) {
     const auto count = static_cast<unsigned int>(std::min(kMaxOpsPerCall, ops_.size() - first));
-    FU_CU_CHECK(api.stream_batch_mem_op(reinterpret_cast<CUstream>(stream), count,
-                                        ops_.data() + first, 0));
+    result = api.stream_batch_mem_op(reinterpret_cast<CUstream>(stream), count,
+                                     ops_.data() + first, 0);
   }
-  ops_.clear();
+  ops_.clear();  // also on failure: a later call must never re-issue these operations
+  FU_CU_CHECK(result);
 }
 
 std::vector<uint32_t> Handshake::initial_header() {

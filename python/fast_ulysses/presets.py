@@ -34,12 +34,16 @@ def even_splits(total: int, world_size: int) -> list[int]:
 
 def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
     """This rank's input shape (bshd), dtype and splits for a preset. Splits are passed only
-    where they are uneven, so even presets exercise the default path."""
+    where they are uneven, so even presets exercise the default path. An unknown preset, or a
+    world_size or rank the plan rejects, raises ValueError (for those two, the plan's own)."""
     if name not in PRESETS:
         raise ValueError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
     p = PRESETS[name]
     seq = even_splits(p.seq_len, world_size)
     heads = even_splits(p.heads, world_size)
+    if not 0 <= rank < len(seq):  # world_size or rank out of range: the plan states the rule
+        from .plan import plan
+        plan(world_size, rank, mode, (p.batch, p.seq_len, p.heads, p.head_dim), p.dtype)
     if mode == 0:
         shape = (p.batch, seq[rank], p.heads, p.head_dim)
     else:

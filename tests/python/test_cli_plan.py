@@ -1,9 +1,16 @@
-"""`fast-ulysses plan` on this GPU-free machine."""
+"""`fast-ulysses plan` on this GPU-free machine, run as a user runs it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+import pytest
+import torch
+
+import fast_ulysses as fu
+from fast_ulysses.topology import MAX_RANKS
 
 
 def run_cli(*args):
@@ -25,8 +32,101 @@ def test_plan_custom_shape_uneven_heads():
     assert "head_splits [2, 2, 2, 2, 1, 1, 1, 1]" in result.stdout
 
 
+def _assert_usage_error(result, *expected: str) -> str:
+    """Exit 2, nothing on stdout, no traceback, and the last stderr line is argparse's one-line
+    error naming the argument and the rule."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr and "Error:" not in result.stderr, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("fast-ulysses plan: error: "), result.stderr
+    for text in expected:
+        assert text in line, (text, line)
+    return line
+
+
 def test_plan_bad_call_is_a_clear_error():
     result = run_cli("plan", "--shape", "1,100,12,128", "--world-size", "8")
-    assert result.returncode == 2
-    assert "pass head_splits" in result.stderr
-    assert "Traceback" not in result.stderr
+    _assert_usage_error(result, "pass head_splits")
+
+
+@pytest.mark.parametrize("world_size", [0, MAX_RANKS + 1, -2])
+def test_plan_world_size_out_of_range(world_size):
+    result = run_cli("plan", "--preset", "wan-720p", "--world-size", str(world_size))
+    _assert_usage_error(result, f"world_size={world_size}: must be in [1, {MAX_RANKS}]")
+
+
+@pytest.mark.parametrize("rank", [8, -1])
+def test_plan_rank_out_of_range(rank):
+    result = run_cli("plan", "--preset", "wan-720p", "--world-size", "8", "--rank", str(rank))
+    _assert_usage_error(result, f"rank={rank}: must be in [0, world_size=8)")
+
+
+def test_plan_rank_out_of_range_with_shape():
+    result = run_cli("plan", "--shape", "1,100,16,128", "--world-size", "4", "--rank", "4")
+    _assert_usage_error(result, "rank=4: must be in [0, world_size=4)")
+
+
+@pytest.mark.parametrize("option", ["--shape", "--seq-splits", "--head-splits"])
+def test_plan_non_integer_list(option):
+    args = ["plan", "--world-size", "8"]
+    args += [option, "1,100,12,x"] if option == "--shape" else [
+        "--shape", "1,100,16,128", option, "1,x"]
+    line = _assert_usage_error(run_cli(*args), f"argument {option}: ", "'x' is not an integer")
+    assert "invalid _ints value" not in line
+
+
+def test_plan_preset_and_shape_together():
+    result = run_cli("plan", "--preset", "wan-720p", "--shape", "1,100,12,128",
+                     "--world-size", "8")
+    _assert_usage_error(result, "--shape", "not allowed with argument --preset")
+
+
+def test_plan_needs_preset_or_shape():
+    result = run_cli("plan", "--world-size", "8")
+    _assert_usage_error(result, "one of the arguments --preset --shape is required")
+
+
+def test_plan_wrong_rank_count_of_shape():
+    result = run_cli("plan", "--shape", "1,100,12", "--world-size", "4", "--json")
+    _assert_usage_error(result, "input shape [1, 100, 12]: must have 4 dimensions")
+
+
+def test_plan_json_wan_720p():
+    result = run_cli("plan", "--preset", "wan-720p", "--world-size", "8", "--rank", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["world_size"] == 8 and out["rank"] == 3 and out["mode"] == 0
+    assert out["layout"] == "bshd" and out["dtype"] == "bfloat16" and out["element_size"] == 2
+    assert out["input_shape"] == [1, 9450, 40, 128]
+    assert out["output_shape"] == [1, 75600, 5, 128]
+    assert out["seq_splits"] == [9450] * 8 and out["head_splits"] == [5] * 8
+    assert out["bytes_per_peer"] == [12_096_000] * 8
+    assert out["window_bytes"] == 96_768_000
+    assert out["total_bytes"] == 8 * 12_096_000 and out["remote_bytes"] == 7 * 12_096_000
+    assert [d["peer"] for d in out["descriptors"]] == list(range(8))
+
+
+def test_plan_json_matches_the_python_plan():
+    args = dict(world_size=8, rank=7, mode=1, shape=(100, 1, 1, 128))
+    result = run_cli("plan", "--shape", "100,1,1,128", "--world-size", "8", "--rank", "7",
+                     "--mode", "1", "--layout", "sbhd", "--dtype", "fp16",
+                     "--head-splits", "2,2,2,2,1,1,1,1", "--seq-splits", "13,13,13,13,12,12,12,12",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    p = fu.plan(args["world_size"], args["rank"], args["mode"], args["shape"], torch.float16,
+                head_splits=[2, 2, 2, 2, 1, 1, 1, 1], seq_splits=[13] * 4 + [12] * 4,
+                layout="sbhd")
+    assert out["dtype"] == "float16" and out["layout"] == "sbhd" and out["mode"] == 1
+    assert out["seq_splits"] == [13] * 4 + [12] * 4
+    assert out["element_size"] == 2 and len(out["descriptors"]) == 8
+    assert out["input_shape"] == list(p.input_shape)
+    assert out["output_shape"] == list(p.output_shape)
+    assert out["seq_splits"] == p.seq_splits and out["head_splits"] == p.head_splits
+    assert out["window_bytes"] == p.window_bytes
+    assert out["bytes_per_peer"] == [d.bytes for d in p]
+    fields = ("peer", "src_offset", "dst_offset", "width", "height", "depth", "src_pitch",
+              "dst_pitch", "src_slice_pitch", "dst_slice_pitch")
+    assert [[d[f] for f in fields] for d in out["descriptors"]] == [d.as_list() for d in p]
+    assert [d["bytes"] for d in out["descriptors"]] == out["bytes_per_peer"]

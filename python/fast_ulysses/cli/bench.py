@@ -18,18 +18,9 @@ import torch
 import torch.distributed as dist
 
 from ..presets import PRESETS, even_splits
+from ._help import HelpFormatter
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The description as written; each option's default after its help (flags and options
-    without a default say nothing)."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 def add_parser(subparsers) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from .. import hardware
 from ..topology import decide, spans_sockets, visible_topology
+from ._help import HelpFormatter
 
 WATCHED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS")
 WATCHED_PREFIXES = ("FAST_ULYSSES_", "TORCH_SYMM_MEM_")
@@ -22,7 +23,7 @@ WATCHED_PREFIXES = ("FAST_ULYSSES_", "TORCH_SYMM_MEM_")
 def add_parser(subparsers) -> None:
     """Adds `doctor [--json]` to the `fast-ulysses` subcommands."""
     p = subparsers.add_parser("doctor", help="check GPUs, links and the fast path's verdict",
-                              description=__doc__)
+                              description=__doc__, formatter_class=HelpFormatter)
     _arguments(p)
     p.set_defaults(run=run)
 
@@ -233,7 +234,8 @@ def _text(value) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m fast_ulysses.cli.doctor [--json]`."""
-    parser = argparse.ArgumentParser(prog="fast-ulysses doctor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fast-ulysses doctor", description=__doc__,
+                                     formatter_class=HelpFormatter)
     _arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -7,9 +7,13 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
     from . import bench, doctor, plan_cmd
+    from ._help import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="fast-ulysses", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fast-ulysses", description=__doc__,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fast-ulysses {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in (plan_cmd, doctor, bench):
         module.add_parser(subparsers)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 
 import torch
 from rich.console import Console
@@ -10,33 +12,54 @@ from rich.table import Table
 
 from .. import plan as make_plan
 from ..presets import PRESETS, preset_call
+from ..topology import MAX_RANKS
+from ._help import HelpFormatter
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+    """Comma-separated integers (--shape, --seq-splits, --head-splits)."""
+    values = []
+    for v in text.split(","):
+        if not v.strip():
+            continue
+        try:
+            values.append(int(v))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {v.strip()!r} is not an integer (give comma-separated integers, "
+                "e.g. 1,9450,40,128)") from None
+    return values
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("plan", help="print the copy plan of one rank (no GPU needed)",
-                              description=__doc__)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="a model shape")
-    p.add_argument("--shape", type=_ints, help="this rank's input shape b,s,n,d (in --layout order)")
-    p.add_argument("--world-size", type=int, required=True)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--mode", type=int, default=0, choices=(0, 1))
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16")
-    p.add_argument("--layout", choices=("bshd", "sbhd"), default="bshd")
-    p.add_argument("--seq-splits", type=_ints)
-    p.add_argument("--head-splits", type=_ints)
-    p.set_defaults(run=run)
+                              description=__doc__, formatter_class=HelpFormatter)
+    call = p.add_mutually_exclusive_group(required=True)
+    call.add_argument("--preset", choices=sorted(PRESETS), help="a model shape")
+    call.add_argument("--shape", type=_ints,
+                      help="this rank's input shape b,s,n,d (in --layout order)")
+    p.add_argument("--world-size", type=int, required=True,
+                   help=f"ranks in the group (1 to {MAX_RANKS})")
+    p.add_argument("--rank", type=int, default=0, help="the rank whose plan is printed")
+    p.add_argument("--mode", type=int, default=0, choices=(0, 1),
+                   help="0: (b, s/P, N, d) -> (b, S, N/P, d); 1: the inverse")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="element type (default: the preset's, bf16 with --shape)")
+    p.add_argument("--layout", choices=("bshd", "sbhd"), default="bshd",
+                   help="dimension order of --shape and of the printed shapes")
+    p.add_argument("--seq-splits", type=_ints,
+                   help="rows of every rank, comma-separated (default: even, or the preset's)")
+    p.add_argument("--head-splits", type=_ints,
+                   help="heads of every rank, comma-separated (default: even, or the preset's)")
+    p.add_argument("--json", action="store_true",
+                   help="print the plan as one JSON object instead of a table")
+    p.set_defaults(run=run, parser=p)
 
 
 def _request(args) -> dict:
-    if (args.preset is None) == (args.shape is None):
-        raise SystemExit("fast-ulysses plan: give exactly one of --preset and --shape")
     if args.preset:
         call = preset_call(args.preset, args.world_size, args.rank, mode=args.mode)
         if args.layout == "sbhd":
@@ -54,15 +77,32 @@ def _request(args) -> dict:
     return call
 
 
+def plan_dict(p, dtype: torch.dtype) -> dict:
+    """The plan as JSON-ready data: the call, shapes, splits, window and every descriptor by
+    field name (bytes included); `bytes_per_peer[j]` is what this rank writes to rank j."""
+    return {
+        "world_size": p.world_size, "rank": p.rank, "mode": p.mode, "layout": p.layout,
+        "dtype": str(dtype).removeprefix("torch."), "element_size": p.element_size,
+        "input_shape": list(p.input_shape), "output_shape": list(p.output_shape),
+        "seq_splits": p.seq_splits, "head_splits": p.head_splits,
+        "window_bytes": p.window_bytes, "total_bytes": p.total_bytes,
+        "remote_bytes": p.remote_bytes, "bytes_per_peer": [d.bytes for d in p],
+        "descriptors": [dataclasses.asdict(d) | {"bytes": d.bytes} for d in p],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
-    call = _request(args)
+    parser = getattr(args, "parser", None) or argparse.ArgumentParser(prog="fast-ulysses plan")
     try:
+        call = _request(args)
         p = make_plan(args.world_size, args.rank, args.mode, call["shape"], call["dtype"],
                       seq_splits=call["seq_splits"], head_splits=call["head_splits"],
                       layout=args.layout)
-    except ValueError as error:
-        Console(stderr=True).print(f"[red]fast-ulysses plan: {error}[/red]")
-        return 2
+    except ValueError as error:  # the plan's own rule, stated once there
+        parser.error(str(error))  # exits 2
+    if args.json:
+        print(json.dumps(plan_dict(p, call["dtype"]), indent=2))
+        return 0
     console = Console()
     console = Console(width=max(console.width, 150))  # 11 numeric columns: never squeeze them
     title = (f"rank {p.rank} of {p.world_size}, mode {p.mode}, {p.layout}, {call['dtype']}: "
