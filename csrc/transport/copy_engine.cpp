@@ -66,8 +66,8 @@ bool batch_refused = false;
 
 }  // namespace
 
-void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool capturing) {
-  if (!capturing && !batch_refused && copies.size() > 1) {
+void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool batch) {
+  if (batch && !batch_refused && copies.size() > 1) {
     std::vector<cudaMemcpy3DBatchOp> ops;
     ops.reserve(copies.size());
     bool fits = true;

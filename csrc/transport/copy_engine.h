@@ -16,15 +16,15 @@ namespace fast_ulysses::transport {
 void issue_copy(const CopyDescriptor& copy, const char* src, char* dst, cudaStream_t stream);
 
 // Several copies, each into its own destination (no two overlap), issued with one
-// cudaMemcpy3DBatchAsync where the driver takes it (eager streams only: a batch is not
-// capturable), else one call per copy. Copies within a batch run in no particular order, so
+// cudaMemcpy3DBatchAsync where `batch` allows and the driver takes it (eager streams only: a
+// batch is not capturable), else one call per copy. Copies within a batch run in no particular order, so
 // never put two dependent copies, or a flag write, in one.
 struct PeerCopy {
   const CopyDescriptor* copy;
   const char* src;  // the start of the input
   char* dst;        // the start of the receiving window
 };
-void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool capturing);
+void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool batch);
 
 // This rank's own share, on the current stream: torch's strided copy kernel over views that
 // the descriptor describes. A same-device copy is an SM kernel either way, and this one ran

@@ -34,4 +34,13 @@ WatchdogSettings watchdog_settings() {
   return settings;
 }
 
+bool copy_batch_enabled() {
+  const char* text = value_of("FAST_ULYSSES_COPY_BATCH");
+  if (text == nullptr) return true;
+  const std::string value(text);
+  TORCH_CHECK_VALUE(value == "0" || value == "1", "FAST_ULYSSES_COPY_BATCH=", value,
+                    ": must be 1 (one batched copy call per handshake) or 0 (a call per copy)");
+  return value == "1";
+}
+
 }  // namespace fast_ulysses::transport

@@ -16,4 +16,8 @@ struct WatchdogSettings {
 // Throws c10::ValueError (Python ValueError) naming the variable on a bad value.
 WatchdogSettings watchdog_settings();
 
+// FAST_ULYSSES_COPY_BATCH=1 (default) | 0: issue an eager call's remote copies as one
+// cudaMemcpy3DBatchAsync, or one copy call per peer (for A/B measurements).
+bool copy_batch_enabled();
+
 }  // namespace fast_ulysses::transport

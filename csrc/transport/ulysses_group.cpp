@@ -80,6 +80,7 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
     : group_name_(std::move(group_name)),
       device_(device),
       watchdog_settings_(watchdog_settings()),
+      copy_batch_(copy_batch_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
       handshake_(pool_.rank(), pool_.headers()) {
   c10::cuda::CUDAGuard guard(device_);
@@ -167,7 +168,7 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
     const int peer = (rank() + k) % P;
     copies.push_back({&plan.copies[peer], src, window.peers[peer]});
   }
-  issue_copies(copies, comm_, capturing);
+  issue_copies(copies, comm_, copy_batch_ && !capturing);
 }
 
 at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,

@@ -87,6 +87,7 @@ class UlyssesGroup {
   std::string group_name_;
   c10::Device device_;
   WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
+  bool copy_batch_;                      // FAST_ULYSSES_COPY_BATCH
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;
