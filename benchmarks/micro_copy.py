@@ -5,7 +5,7 @@
 2. The same bytes split into 1..64 copies per call (how many descriptors a call may issue).
 3. Host issue cost per copy: cudaMemcpy2DAsync vs cudaMemcpy3DAsync vs cudaMemcpyBatchAsync.
 
-All copies here are same-device, which current drivers run as SM kernels (FACTS.md): these
+All copies here are same-device, which current drivers run as SM kernels (measured on an H200): these
 numbers steer issue strategy and host cost; copy-engine peer bandwidth needs two GPUs.
 
     python benchmarks/micro_copy.py [--json benchmarks/results/micro_copy.json]

@@ -1,4 +1,4 @@
-// The one place that declares every fast_ulysses op (STYLE: one place declares, many implement).
+// The one place that declares every fast_ulysses op (one place declares, many implement).
 // This library (fast_ulysses._C) also implements what needs no GPU: the plan, the host executor
 // and the Meta kernels that let torch.compile trace the collectives. The CUDA kernels and the
 // group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).

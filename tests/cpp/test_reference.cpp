@@ -1,4 +1,4 @@
-// The reference itself, against outputs worked out by hand from the SPEC, so that the plan tests
+// The reference itself, against outputs worked out by hand from docs/API.md, so that the plan tests
 // measure the plan against the definition and not against a shared mistake.
 #include <gtest/gtest.h>
 
