@@ -144,17 +144,22 @@ void UlyssesGroup::open(int slot, bool owned) {
   batch_.issue(comm_);
 }
 
-// Closing handshake, one batch on M after my copies: tell every peer my chunk landed (fenced
-// writes), then wait for every peer's chunk and reset its flag.
-void UlyssesGroup::close(int slot) {
+// One full round on (slot, word), added to the batch: write 1 into every peer's word about me
+// (fenced: after everything before it on M), then wait for every peer's 1 and reset it to 0.
+void UlyssesGroup::full_round(int slot, Word word) {
   const int P = world_size();
-  for (int k = 1; k < P; ++k)
-    batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kLanded), 1);
+  for (int k = 1; k < P; ++k) batch_.write(handshake_.theirs((rank() + k) % P, slot, word), 1);
   for (int k = 1; k < P; ++k) {
-    char* landed = handshake_.mine(slot, Word::kLanded, (rank() + k) % P);
-    batch_.wait_equal(landed, 1);
-    batch_.write(landed, 0);
+    char* flag = handshake_.mine(slot, word, (rank() + k) % P);
+    batch_.wait_equal(flag, 1);
+    batch_.write(flag, 0);
   }
+}
+
+// Closing handshake, one batch on M after my copies: every peer's chunk has landed here and
+// mine in every peer's window.
+void UlyssesGroup::close(int slot) {
+  full_round(slot, Word::kLanded);
   batch_.issue(comm_);
 }
 
@@ -251,23 +256,15 @@ void UlyssesGroup::reserve(const std::vector<std::string>& tags,
 // barrier's A flag only after passing this barrier's B round, which every rank enters only
 // after resetting its A flags. So no flag is ever written twice before it is reset.
 void UlyssesGroup::barrier() {
-  const int P = world_size();
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
   for (auto& entry : tags_) entry.second.deferred = false;
-  if (P == 1) return;
+  if (world_size() == 1) return;
   ++barriers_;
   events_.join(caller, comm_);  // under capture this also brings M into the graph
-  for (Word round : {Word::kBarrierA, Word::kBarrierB}) {
-    for (int k = 1; k < P; ++k)
-      batch_.write(handshake_.theirs((rank() + k) % P, Handshake::kBarrierSlot, round), 1);
-    for (int k = 1; k < P; ++k) {
-      char* flag = handshake_.mine(Handshake::kBarrierSlot, round, (rank() + k) % P);
-      batch_.wait_equal(flag, 1);
-      batch_.write(flag, 0);
-    }
-  }
+  full_round(Handshake::kBarrierSlot, Word::kBarrierA);
+  full_round(Handshake::kBarrierSlot, Word::kBarrierB);
   batch_.issue(comm_);
   auto done = events_.record(comm_);
   FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));

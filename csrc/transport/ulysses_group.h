@@ -80,6 +80,7 @@ class UlyssesGroup {
   const Window& window_for(const TagState& tag, int64_t bytes, bool capturing);
   void open(int slot, bool owned);  // on comm_
   void close(int slot);             // on comm_
+  void full_round(int slot, Word word);  // adds to batch_
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, bool capturing);
   at::Tensor finish_owned(const at::Tensor& out, const Plan& plan, const Window& window,
                           const TagState& tag, bool capturing);

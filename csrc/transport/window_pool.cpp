@@ -73,8 +73,8 @@ const Window* WindowPool::find(int slot, int64_t bytes) const {
 }
 
 const Window& WindowPool::acquire(int slot, const std::string& tag, int64_t bytes) {
+  if (const Window* window = find(slot, bytes)) return *window;
   auto found = windows_.find(slot);
-  if (found != windows_.end() && found->second.bytes >= bytes) return found->second;
   TORCH_CHECK_VALUE(!sealed_, "tag '", tag, "' needs a window of ", bytes, " bytes but ",
                     found == windows_.end()
                         ? std::string("it was not declared")
