@@ -1,6 +1,9 @@
 """Quick measurement: Wan 2.1 720p mode 0 (b=1, 75,600 tokens, 40 heads, d=128, bf16) on P
 ranks, fast-ulysses copy and borrowed: device time per call (CUDA events over back-to-back
 calls) and host CPU microseconds per call (issue time, no synchronize inside the loop).
+`borrowed-op` calls the op directly (torch.ops.fast_ulysses...), without the Python method: the
+difference to `borrowed` is the wrapper's cost. With FAST_ULYSSES_HOST_PROFILE=1 it also prints
+where the host time goes, stage by stage (the slowest rank's microseconds per call).
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
         benchmarks/quick_wan.py --shared-gpu
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -23,10 +27,11 @@ import fast_ulysses as fu
 from fast_ulysses.presets import even_splits
 
 
-def measure(call, iters: int, warmup: int) -> tuple[float, float]:
+def measure(call, iters: int, warmup: int, after_warmup=lambda: None) -> tuple[float, float]:
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
+    after_warmup()
     device_ms, host_us = [], []
     for _ in range(5):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -62,14 +67,24 @@ def main() -> None:
     seq, hsplit = even_splits(tokens, P), even_splits(heads, P)
     x = torch.randn(1, seq[rank], heads, 128, dtype=torch.bfloat16, device=device)
     kw = dict(seq_splits=seq, head_splits=hsplit)
+    op = torch.ops.fast_ulysses.all_to_all_single_4d_borrowed
+    profiling = os.environ.get("FAST_ULYSSES_HOST_PROFILE") == "1"
+    reset = (lambda: group._host_profile()) if profiling else (lambda: None)
     results = {}
     for name, call in (
             ("copy", lambda: _wait(group.all_to_all_single_4d(x, 0, "q", **kw))),
-            ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw))):
-        ms, us = measure(call, args.iters, warmup=3)
+            ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
+            ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True,
+                                       rank))):
+        ms, us = measure(call, args.iters, warmup=3, after_warmup=reset)
         stats = torch.tensor([ms, us], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         results[name] = {"ms_per_call": stats[0].item(), "host_us_per_call": stats[1].item()}
+        if profiling:
+            stages = group._host_profile()["us_per_call"]
+            t = torch.tensor(list(stages.values()), dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            results[name]["host_us_by_stage"] = dict(zip(stages, t.tolist()))
     group.destroy()
     if rank == 0:
         sent = x.numel() * x.element_size()
@@ -79,6 +94,9 @@ def main() -> None:
             print(f"  {name:9s} {r['ms_per_call']:.3f} ms/call (slowest rank), "
                   f"{r['host_us_per_call']:.1f} us host CPU/call, "
                   f"{sent / r['ms_per_call'] / 1e6:.0f} GB/s per rank")
+            if "host_us_by_stage" in r:
+                print("            host us by stage: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items()))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"world_size": P, "shared_gpu": args.shared_gpu,

@@ -6,8 +6,13 @@
 #   before  host cost of the commit in .carry/old (a `git archive` of an older commit), for a
 #           before/after comparison in one run; skipped when .carry/old is absent
 #   tests   tests/gpu (the shared-GPU worker at P = 1..8, torch.compile) and the NCCL worker at P = 1
-#   graph   the CUDA-graph suite alone (tests/gpu/test_graph_gpu.py), when `tests` is not run
-#   quick   Wan 720p host cost and device time at P = 1, 2, 8 (benchmarks/quick_wan.py)
+#   graph   the CUDA-graph suite alone (tests/gpu/test_graph_gpu.py), when `tests` is not run;
+#           GRAPH_K selects with pytest -k (e.g. GRAPH_K="5 or 8")
+#   quick   Wan 720p host cost and device time at P = 1, 2, 8 (benchmarks/quick_wan.py), then
+#           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at P = 1 and 8, and P = 8 with
+#           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B
+#   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
+#           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
 set -uo pipefail
@@ -28,21 +33,25 @@ fi
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 rm -rf build/cp3*
 export FAST_ULYSSES_CUDA_ARCH=${FAST_ULYSSES_CUDA_ARCH:-90}
+quick_one() {  # $1: label, $2: P; extra environment from the caller
+  FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout 120 python3 -m torch.distributed.run --standalone \
+    --nproc-per-node $2 benchmarks/quick_wan.py --shared-gpu --json "$OUT/quick_$1_p$2.json" \
+    > "$OUT/quick_$1_p$2.log" 2>&1
+  echo "$1 P=$2 rc=$?"; grep -E "^Wan|call|stage" "$OUT/quick_$1_p$2.log" | tail -7
+}
 quick() {  # $1: label; quick_wan at P = 1, 2, 8 ranks sharing the GPU
-  for P in 1 2 8; do
-    FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout 120 python3 -m torch.distributed.run --standalone \
-      --nproc-per-node $P benchmarks/quick_wan.py --shared-gpu --json "$OUT/quick_$1_p$P.json" \
-      > "$OUT/quick_$1_p$P.log" 2>&1
-    echo "$1 P=$P rc=$?"; grep -E "^Wan|call" "$OUT/quick_$1_p$P.log" | tail -3
-  done
+  for P in 1 2 8; do quick_one "$1" $P; done
+}
+build_old() {
+  [ -d /tmp/old/fast_ulysses ] && return 0
+  t0=$(date +%s)
+  python3 -m pip install -q ./.carry/old --no-build-isolation --no-deps --target /tmp/old \
+    > "$OUT/build_old.log" 2>&1 || { tail -20 "$OUT/build_old.log"; return 1; }
+  echo "old build $(( $(date +%s) - t0 )) s"
 }
 
 if has before && [ -d .carry/old ]; then
-  t0=$(date +%s)
-  python3 -m pip install -q ./.carry/old --no-build-isolation --no-deps --target /tmp/old \
-    > "$OUT/build_old.log" 2>&1 || { tail -20 "$OUT/build_old.log"; }
-  echo "old build $(( $(date +%s) - t0 )) s"
-  PYTHONPATH=/tmp/old:${PYTHONPATH:-} quick before
+  build_old && PYTHONPATH=/tmp/old:${PYTHONPATH:-} quick before
 fi
 
 t0=$(date +%s)
@@ -58,10 +67,15 @@ if has tests; then
   timeout 540 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider > "$OUT/gpu_pytest.log" 2>&1
   echo "pytest tests/gpu rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_pytest.log" | tail -30
 elif has graph; then
-  timeout 400 python3 -m pytest tests/gpu/test_graph_gpu.py -v -rs -p no:cacheprovider > "$OUT/gpu_pytest.log" 2>&1
+  timeout ${GRAPH_TIMEOUT:-400} python3 -m pytest tests/gpu/test_graph_gpu.py -v -rs -p no:cacheprovider \
+    ${GRAPH_K:+-k "$GRAPH_K"} > "$OUT/gpu_pytest.log" 2>&1
   echo "pytest graph rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_pytest.log" | tail -20
 fi
-has quick && quick after
+if has quick; then
+  quick after
+  for P in 1 8; do FAST_ULYSSES_HOST_PROFILE=1 quick_one profile $P; done
+  FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
+fi
 if has doctor; then
   python3 -m fast_ulysses.cli.doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"; tail -12 "$OUT/doctor.txt"
 fi
@@ -75,4 +89,16 @@ if has bench; then
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
   done
   tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench
+fi
+if has oldgraph && [ -d .carry/old ] && build_old; then
+  # The worker is this checkout's; the package under test is the old one (the editable install's
+  # import hook would win over PYTHONPATH, so it goes first).
+  python3 -m pip uninstall -y -q fast-ulysses > /dev/null 2>&1
+  PYTHONPATH=/tmp/old:${PYTHONPATH:-} python3 -c "import fast_ulysses as f; print('old package:', f.__file__)"
+  FAST_ULYSSES_ALLOW_SHARED_GPU=1 FAST_ULYSSES_WATCHDOG_S=30 PYTHONPATH=/tmp/old:${PYTHONPATH:-} \
+    timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    tests/distributed/graph_correctness.py --shared-gpu --only b,c --replays 50 \
+    > "$OUT/oldgraph.log" 2>&1
+  echo "old code, graph checks b and c at P=2: rc=$? (must be non-zero)"
+  grep -E "ok |FAILED|passed|failed|watchdog|Error" "$OUT/oldgraph.log" | head -12
 fi

@@ -54,7 +54,8 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
                const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
                Result result, bool barrier, std::optional<int64_t> rank) {
   auto group = find_group(group_name);
-  if (rank) collective_rank(group_name, rank);  // raises unless it is this process's rank
+  group->profile().start();
+  check_rank(group_name, rank, group->rank());
   const int64_t element_size = checked_element_size(x);
   const Plan& plan = group->plan(
       plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout),
@@ -62,6 +63,7 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
         return plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
                         seq_splits, head_splits, layout);
       });
+  group->profile().mark(transport::Stage::kPlan);
   return group->all_to_all(x, plan, tag, result, barrier);
 }
 
@@ -114,6 +116,15 @@ std::vector<int64_t> group_stats(std::string group_name) {
   return find_group(group_name)->stats();
 }
 
+std::tuple<std::vector<std::string>, std::vector<int64_t>, int64_t> host_profile(
+    std::string group_name) {
+  auto group = find_group(group_name);
+  TORCH_CHECK_VALUE(group->profile().enabled(),
+                    "host_profile: set FAST_ULYSSES_HOST_PROFILE=1 before creating the group");
+  auto [ns, calls] = group->profile().take();
+  return {transport::HostProfile::stage_names(), ns, calls};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
@@ -128,6 +139,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("barrier", &barrier);
   m.impl("destroy_group", &destroy_group);
   m.impl("group_stats", &group_stats);
+  m.impl("host_profile", &host_profile);
 }
 
 }  // namespace fast_ulysses::ops

@@ -132,10 +132,14 @@ at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::stri
 
 int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank) {
   const int64_t actual = c10d::resolve_process_group(group_name)->getRank();
+  check_rank(group_name, rank, actual);
+  return actual;
+}
+
+void check_rank(const std::string& group_name, std::optional<int64_t> rank, int64_t actual) {
   TORCH_CHECK_VALUE(!rank || *rank == actual, "rank=", *rank, " but this process is rank ",
                     actual, " of process group '", group_name,
                     "': pass the process's own rank (or None)");
-  return actual;
 }
 
 }  // namespace fast_ulysses::ops

@@ -43,6 +43,8 @@ at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::stri
 // The rank a collective runs as: `rank` when given (it must equal the process group's rank in
 // `group_name`), else the group's rank.
 int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank);
+// Raises unless `rank` is unset or equals `actual`, this process's rank in `group_name`.
+void check_rank(const std::string& group_name, std::optional<int64_t> rank, int64_t actual);
 
 // Checks the input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte dtype) and returns its
 // element size; the device rule is the transport's.

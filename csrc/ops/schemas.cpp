@@ -36,6 +36,9 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def("destroy_group(str group_name) -> ()");
   // [pool bytes, bytes in use, segments, sealed, tags, deferred tags] for tests and doctor.
   m.def("group_stats(str group_name) -> int[]");
+  // With FAST_ULYSSES_HOST_PROFILE=1: host nanoseconds per stage of the calls since the last
+  // read (stage names, sums, number of calls); resets them.
+  m.def("host_profile(str group_name) -> (str[] stages, int[] nanoseconds, int calls)");
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {

@@ -13,6 +13,15 @@ const char* value_of(const char* name) {
   return value != nullptr && value[0] != '\0' ? value : nullptr;
 }
 
+// A 0|1 switch: unset or empty gives `fallback`; anything else is an error naming the variable.
+bool switch_value(const char* name, bool fallback, const char* meaning) {
+  const char* text = value_of(name);
+  if (text == nullptr) return fallback;
+  const std::string value(text);
+  TORCH_CHECK_VALUE(value == "0" || value == "1", name, "=", value, ": must be ", meaning);
+  return value == "1";
+}
+
 }  // namespace
 
 WatchdogSettings watchdog_settings() {
@@ -35,12 +44,13 @@ WatchdogSettings watchdog_settings() {
 }
 
 bool copy_batch_enabled() {
-  const char* text = value_of("FAST_ULYSSES_COPY_BATCH");
-  if (text == nullptr) return true;
-  const std::string value(text);
-  TORCH_CHECK_VALUE(value == "0" || value == "1", "FAST_ULYSSES_COPY_BATCH=", value,
-                    ": must be 1 (one batched copy call per handshake) or 0 (a call per copy)");
-  return value == "1";
+  return switch_value("FAST_ULYSSES_COPY_BATCH", true,
+                      "1 (one batched copy call per handshake) or 0 (a call per copy)");
+}
+
+bool host_profile_enabled() {
+  return switch_value("FAST_ULYSSES_HOST_PROFILE", false,
+                      "0 (off) or 1 (time each stage of every call on the host)");
 }
 
 }  // namespace fast_ulysses::transport

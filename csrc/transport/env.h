@@ -20,4 +20,8 @@ WatchdogSettings watchdog_settings();
 // cudaMemcpy3DBatchAsync, or one copy call per peer (for A/B measurements).
 bool copy_batch_enabled();
 
+// FAST_ULYSSES_HOST_PROFILE=0 (default) | 1: time each stage of every call on the host
+// (UlyssesGroup's host_profile op reads the sums).
+bool host_profile_enabled();
+
 }  // namespace fast_ulysses::transport

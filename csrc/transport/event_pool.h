@@ -1,6 +1,6 @@
 // Reused CUDA events (timing disabled). A call records two or three events; creating them
 // anew cost host time on every call. An event goes back to the pool when its last holder (the
-// call itself, a c10d Work, the watchdog) lets go of it.
+// call itself, the watchdog) lets go of it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,7 +26,7 @@ class EventPool {
     std::mutex mutex;
     std::vector<cudaEvent_t> free;
   };
-  // Events outlive the pool when a Work still holds one: they return to `shared_`, which the
+  // Events outlive the pool when the watchdog still holds one: they return to `shared_`, which the
   // last of them frees.
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
 };

@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <mutex>
 #include <unordered_map>
@@ -16,25 +15,6 @@
 
 namespace fast_ulysses::transport {
 namespace {
-
-// The c10d Work of an owned result: wait() makes the current stream wait for the transfer's
-// closing event. Never a host synchronize.
-class TransferWork : public c10d::Work {
- public:
-  TransferWork(EventPool::Event done, int device_index)
-      : done_(std::move(done)), device_index_(device_index) {}
-  bool isCompleted() override { return cudaEventQuery(*done_) == cudaSuccess; }
-  bool wait(std::chrono::milliseconds /*timeout*/) override {
-    FU_CUDA_CHECK(cudaStreamWaitEvent(
-        c10::cuda::getCurrentCUDAStream(device_index_).stream(), *done_, 0));
-    return true;
-  }
-  void synchronize() override { FU_CUDA_CHECK(cudaEventSynchronize(*done_)); }
-
- private:
-  EventPool::Event done_;
-  int device_index_;
-};
 
 // One communication stream per device for the whole process, never destroyed: the caching
 // allocator records events on it for every tensor it touched (recordStream), which may be freed
@@ -81,6 +61,7 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       device_(device),
       watchdog_settings_(watchdog_settings()),
       copy_batch_(copy_batch_enabled()),
+      profile_(host_profile_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
       handshake_(pool_.rank(), pool_.headers()) {
   c10::cuda::CUDAGuard guard(device_);
@@ -198,48 +179,60 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
                                .view(shape_of(plan.output_shape));
   ++tag.calls;
   const bool peers = world_size() > 1;
+  profile_.mark(Stage::kSetup);
   if (peers) {
     events_.join(caller, comm_);
     open(tag.slot, owned);
+    profile_.mark(Stage::kOpen);
     send_remote(x, plan, window, in_capture);
+    profile_.mark(Stage::kSend);
   }
   copy_local(plan.copies[rank()], x, owned ? out.view({-1}) : mine);
-  if (!peers) return out;  // one rank: the own share was the whole call, on C
+  profile_.mark(Stage::kOwnShare);
+  if (!peers) {  // one rank: the own share was the whole call, on C
+    profile_.end_call();
+    return out;
+  }
   record_stream(x, comm_, device_.index());
   if (deferred) {
     tag.deferred = true;  // barrier() closes it and joins M into the caller
+    profile_.mark(Stage::kFinish);
+    profile_.end_call();
     return out;
   }
   close(tag.slot);
-  if (owned) return finish_owned(out, plan, window, tag, in_capture);
-  auto done = events_.record(comm_);
-  FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
-  if (!in_capture)
-    watchdog_->watch(std::move(done), CallKind::kBorrowed, tag.name, tag.slot, tag.calls);
+  profile_.mark(Stage::kClose);
+  if (owned) {
+    finish_owned(out, plan, window, tag.slot);
+    record_stream(out, comm_, device_.index());
+  }
+  join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
+              tag.calls, in_capture);
+  profile_.mark(Stage::kFinish);
+  profile_.end_call();
   return out;
 }
 
 // M: copy the peers' chunks out of the window into `out` (my own share is already there, from
-// C), then release the window to its writers; the result is ready at M's closing event.
-at::Tensor UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan,
-                                      const Window& window, const TagState& tag,
-                                      bool capturing) {
+// C), then release the window to its writers.
+void UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan, const Window& window,
+                                int slot) {
   char* dst = static_cast<char*>(out.data_ptr());
   for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, comm_);
   const int P = world_size();
   for (int k = 1; k < P; ++k)
-    batch_.write(handshake_.theirs((rank() + k) % P, tag.slot, Word::kHeldOwned), 0);
+    batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeldOwned), 0);
   batch_.issue(comm_);
-  record_stream(out, comm_, device_.index());
+}
+
+// The caller's stream waits for everything issued on M so far (under capture this is the join
+// a graph needs for every stream it forked); eager calls are watched until M gets there.
+void UlyssesGroup::join_caller(cudaStream_t caller, CallKind kind,
+                               std::shared_ptr<const std::string> tag, int slot, uint64_t call,
+                               bool capturing) {
   auto done = events_.record(comm_);
-  cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-  if (capturing) {  // a graph must join every stream it forked; there is no Work to wait on
-    FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
-    return out;
-  }
-  c10d::register_work(out, c10::make_intrusive<TransferWork>(done, device_.index()));
-  watchdog_->watch(std::move(done), CallKind::kOwned, tag.name, tag.slot, tag.calls);
-  return out;
+  FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
+  if (!capturing) watchdog_->watch(std::move(done), kind, std::move(tag), slot, call);
 }
 
 void UlyssesGroup::reserve(const std::vector<std::string>& tags,
@@ -266,11 +259,8 @@ void UlyssesGroup::barrier() {
   full_round(Handshake::kBarrierSlot, Word::kBarrierA);
   full_round(Handshake::kBarrierSlot, Word::kBarrierB);
   batch_.issue(comm_);
-  auto done = events_.record(comm_);
-  FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
-  if (!in_capture)
-    watchdog_->watch(std::move(done), CallKind::kBarrier, nullptr, Handshake::kBarrierSlot,
-                     barriers_);
+  join_caller(caller, CallKind::kBarrier, nullptr, Handshake::kBarrierSlot, barriers_,
+              in_capture);
 }
 
 void UlyssesGroup::quiesce() {

@@ -5,8 +5,8 @@
 // call with peers forks M from C, runs the opening handshake and every remote copy on M (peer
 // rank+1 first, then rank+2, ...: peers are not all hit at once), copies this rank's own share
 // on C (straight into the result for an owned call; a same-device copy is an SM copy either
-// way), and closes on M. Borrowed calls join M back into C; owned calls hand M's closing event
-// to a c10d Work (joined into C at once under graph capture).
+// way), and closes on M. Every call joins M back into C before it returns: the result is ready
+// in C's stream order, as with c10d's all_to_all_single(async_op=False).
 // Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout,
 // entry point), replays of captured graphs included; window and pool decisions depend on that
 // sequence only. Breaking it leaves a wait unsatisfied; the watchdog reports such a wait after
@@ -26,6 +26,7 @@
 #include "plan/plan.h"
 #include "transport/event_pool.h"
 #include "transport/handshake.h"
+#include "transport/host_profile.h"
 #include "transport/watchdog.h"
 #include "transport/window_pool.h"
 
@@ -45,10 +46,9 @@ class UlyssesGroup {
   // `build` on first use and kept for the group's lifetime.
   const Plan& plan(const std::vector<int64_t>& key, const std::function<Plan()>& build);
 
-  // Owned: returns a new tensor, registered with c10d so that wait_tensor() (the first aten op
-  // on an AsyncCollectiveTensor) makes the caller's stream wait for it. Borrowed: returns a
-  // view of this rank's window for `tag`, valid until the next call with that tag; with
-  // barrier == false the closing handshake is left to barrier().
+  // Owned: returns a new tensor. Borrowed: returns a view of this rank's window for `tag`,
+  // valid until the next call with that tag; with barrier == false the closing handshake is
+  // left to barrier(). Either way the result is ready in the caller's stream order.
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
                         Result result, bool barrier);
@@ -64,6 +64,7 @@ class UlyssesGroup {
   int world_size() const { return pool_.world_size(); }
   c10::Device device() const { return device_; }
   std::vector<int64_t> stats() const;
+  HostProfile& profile() { return profile_; }
 
  private:
   struct TagState {
@@ -82,13 +83,16 @@ class UlyssesGroup {
   void close(int slot);             // on comm_
   void full_round(int slot, Word word);  // adds to batch_
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, bool capturing);
-  at::Tensor finish_owned(const at::Tensor& out, const Plan& plan, const Window& window,
-                          const TagState& tag, bool capturing);
+  void finish_owned(const at::Tensor& out, const Plan& plan, const Window& window, int slot);
+  // M's closing event joined into the caller's stream, and watched unless capturing.
+  void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const std::string> tag,
+                   int slot, uint64_t call, bool capturing);
 
   std::string group_name_;
   c10::Device device_;
   WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
   bool copy_batch_;                      // FAST_ULYSSES_COPY_BATCH
+  HostProfile profile_;                  // FAST_ULYSSES_HOST_PROFILE
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;

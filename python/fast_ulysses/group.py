@@ -9,7 +9,6 @@ from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed._functional_collectives import _maybe_wrap_tensor
 
 from ._ops import cuda_load_error, ops
 from .topology import SHARED_GPU_ENV
@@ -86,13 +85,14 @@ class UlyssesGroup:
         mode 1 the inverse; sbhd swaps the first two dimensions.
 
         Returns:
-            A tensor the caller owns, as an AsyncCollectiveTensor: the first aten op on it
-            makes the current stream wait for the transfer (stream-ordered, no host sync).
+            A new tensor the caller owns, ready in the current stream's order (the stream
+            waits for the transfer on the device; the host never does), as with
+            `dist.all_to_all_single`. To overlap the transfer with other work, call it on a
+            side stream.
         """
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        out = ops.all_to_all_single_4d(x, mode, tag, self.group_name, _list(seq_splits),
-                                       _list(head_splits), layout, self.rank)
-        return _maybe_wrap_tensor(out)
+        return ops.all_to_all_single_4d(x, mode, tag, self.group_name, _list(seq_splits),
+                                        _list(head_splits), layout, self.rank)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,
@@ -148,6 +148,15 @@ class UlyssesGroup:
         keys = ("pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred")
         return dict(zip(keys, ops.group_stats(self.group_name)))
 
+    def _host_profile(self) -> dict:
+        """With FAST_ULYSSES_HOST_PROFILE=1 set before the group was made: host microseconds per
+        call in each stage of the calls since the last read (and their count); resets them.
+        For benchmarks (benchmarks/quick_wan.py)."""
+        self._check_live()
+        stages, ns, calls = ops.host_profile(self.group_name)
+        per_call = {s: (n / 1e3 / calls if calls else 0.0) for s, n in zip(stages, ns)}
+        return {"calls": calls, "us_per_call": per_call}
+
     def destroy(self) -> None:
         """Waits for this rank's work and for every rank (collective), then frees the windows.
         Any later call on this group raises; calling destroy() again is a no-op (as on
@@ -170,10 +179,12 @@ class UlyssesGroup:
         else:
             self._check_tensor(x)
 
-    def _check_tensor(self, x) -> None:
+    def _check_tensor(self, x, *, device: bool = False) -> None:
+        # The op checks the rest itself (device, shape, dtype), in C++; the debug path checks
+        # the device here too, so that every rank learns of it before anything is sent.
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
-        if x.device != self.device:
+        if device and x.device != self.device:
             raise ValueError(f"x is on {x.device} but the group is on {self.device}: inputs "
                              "must be on the group's device")
 
@@ -188,7 +199,7 @@ class UlyssesGroup:
                 f"{''.join(f', {e!r}' for e in extra)})")
         key, error = None, ""
         try:
-            self._check_tensor(x)
+            self._check_tensor(x, device=True)
             # Shapes legitimately differ across ranks with uneven splits; the resolved splits
             # and the window size must agree.
             from .plan import plan

@@ -95,7 +95,7 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
     finally:
         del os.environ["FAST_ULYSSES_DEBUG"]
     x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
-    group.all_to_all_single_4d(x, 0, "agreed").wait()
+    group.all_to_all_single_4d(x, 0, "agreed")
     attempts = [("invalid on rank 0 only",
                  lambda: group.all_to_all_single_4d(x[..., :4].contiguous() if rank == 0 else x,
                                                     0, "bad"), "which is invalid")]

@@ -78,7 +78,8 @@ def parse_args(argv=None):
 class Call:
     """One call of an entry point. entry: copy (owned result), borrowed (barrier=True) or
     deferred (borrowed, barrier=False; `issue_all` adds the barrier()). consume: how an owned
-    result is consumed, `clone` (the first aten op waits) or `wait` (AsyncCollectiveTensor.wait)."""
+    result is consumed, `clone` (read by an aten op) or `wait` (used as returned, or through
+    .wait() where a group returns an AsyncCollectiveTensor)."""
 
     case: Case
     mode: int
@@ -250,7 +251,7 @@ def check_capture_copy_mode0(ctx: Ctx) -> str:
 def check_capture_copy_mode1(ctx: Ctx) -> str:
     """Owned result, mode 1, sbhd fp16 uneven; the window sized by reserve() only (the warm-up
     runs on another declared tag, so the captured tag's first call is the captured one);
-    consumed inside the graph with AsyncCollectiveTensor.wait()."""
+    used inside the graph as returned."""
     group = ctx.group(0)
     call = Call(pick(ctx.P, "sbhd", torch.float16), 1, "a-copy1", "copy", "wait")
     warm = dataclasses.replace(call, tag="a-warm")

@@ -1,0 +1,59 @@
+// Host time per stage of the fast path's calls, for finding where a call's microseconds go.
+// Off unless FAST_ULYSSES_HOST_PROFILE=1: then each stage boundary reads the steady clock once
+// (about 20 ns); off, a stage boundary is one branch.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fast_ulysses::transport {
+
+// In the order a call passes them; the time since the previous boundary is charged to each.
+enum class Stage {
+  kPlan,      // op entry: group lookup, rank and input checks, plan cache
+  kSetup,     // capture check, tag, window, result tensor
+  kOpen,      // fork into M, opening handshake batch
+  kSend,      // remote copies
+  kOwnShare,  // this rank's own share, on the caller's stream
+  kClose,     // closing handshake batch
+  kFinish,    // owned: collect copies and release; both: events, joins, watchdog
+  kCount
+};
+
+class HostProfile {
+ public:
+  explicit HostProfile(bool enabled) : enabled_(enabled) {}
+  bool enabled() const { return enabled_; }
+  // A call begins (its first stage is timed from here).
+  void start() {
+    if (enabled_) last_ = Clock::now();
+  }
+  // The stage `stage` ends now.
+  void mark(Stage stage) {
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    ns_[static_cast<size_t>(stage)] +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+    last_ = now;
+  }
+  // A call ends: counted (its last mark was its last stage).
+  void end_call() {
+    if (enabled_) ++calls_;
+  }
+  static const std::vector<std::string>& stage_names();
+  // Nanoseconds per stage summed over the calls since the last take(), and the number of calls;
+  // resets both.
+  std::pair<std::vector<int64_t>, int64_t> take();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool enabled_;
+  Clock::time_point last_{};
+  std::array<int64_t, static_cast<size_t>(Stage::kCount)> ns_{};
+  int64_t calls_ = 0;
+};
+
+}  // namespace fast_ulysses::transport
