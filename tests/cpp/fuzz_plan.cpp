@@ -162,8 +162,8 @@ PlanRequest mutated(Draw& d) {
   return r;
 }
 
-std::vector<int64_t> splits(Draw& d, int n) {
-  std::vector<int64_t> v(n < 0 ? 0 : static_cast<size_t>(std::min(n, 12)));
+std::vector<int64_t> splits(Draw& d, int64_t n) {  // n entries, clamped to [0, 12]
+  std::vector<int64_t> v(static_cast<size_t>(std::clamp<int64_t>(n, 0, 12)));
   for (auto& x : v) x = d.one_in(3) ? d.any() : d.below(5);
   return v;
 }
@@ -177,7 +177,7 @@ PlanRequest raw(Draw& d) {
   r.batch = d.one_in(2) ? d.below(4) + 1 : d.any();
   r.head_dim = d.one_in(2) ? 8 * (d.below(4) + 1) : d.any();
   r.element_size = d.one_in(2) ? int64_t{1} << d.below(3) : d.any();
-  const int length = r.world_size + static_cast<int>(d.one_in(4) ? d.below(3) - 1 : 0);
+  const int64_t length = int64_t{r.world_size} + (d.one_in(4) ? d.below(3) - 1 : 0);
   r.seq_splits = splits(d, length);
   r.head_splits = splits(d, d.one_in(8) ? length + 1 : length);
   return r;
@@ -267,8 +267,8 @@ struct Counts {
   if (shape.size() == 4 && d.one_in(2)) shape[3] = 8 * (d.below(3) + 1);
   const int64_t es = d.one_in(4) ? d.any() : int64_t{1} << d.below(3);
   std::optional<std::vector<int64_t>> seq, heads;
-  if (d.one_in(2)) seq = splits(d, d.one_in(6) ? P + 1 : P);
-  if (d.one_in(2)) heads = splits(d, d.one_in(6) ? P - 1 : P);
+  if (d.one_in(2)) seq = splits(d, int64_t{P} + (d.one_in(6) ? 1 : 0));
+  if (d.one_in(2)) heads = splits(d, int64_t{P} - (d.one_in(6) ? 1 : 0));
   std::ostringstream out;
   out << "request_from_shape(world_size " << P << ", rank " << rank << ", mode "
       << static_cast<int>(mode) << ", " << fast_ulysses::layout_name(layout) << ", shape "
