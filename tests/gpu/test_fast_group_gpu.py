@@ -85,3 +85,40 @@ def test_watchdog_abort_ends_a_hung_job(tmp_path):
     assert "has not completed after" in caller.output, run.describe()
     assert "ending this process" in caller.output, run.describe()
     assert sleeper.returncode is None, f"rank 1 was not still asleep\n{run.describe()}"
+
+
+# -- the worker's own pieces, on CPU --------------------------------------------------------
+
+WATCHDOG_REPORT = (
+    "fast-ulysses watchdog: group '3': rank 0: call #1 of tag 'late' has not completed after 2 s."
+    " Flags on this rank, per peer: held (1 = peer has not released its window yet) [- 1 0]"
+    " held-owned [- 0 0] landed (1 = peer's chunk arrived, not yet consumed) [- 0 1]. A peer"
+    " that lags is stuck, has died, or issued a different call sequence (set"
+    " FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks).")
+
+
+def test_watchdog_check_accepts_the_report_it_expects():
+    a2a_correctness.check_watchdog_report(f"other output\n{WATCHDOG_REPORT}\n", "3", 3)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "0 watchdog reports"),
+    (f"{WATCHDOG_REPORT}\n{WATCHDOG_REPORT}", "2 watchdog reports"),
+    (WATCHDOG_REPORT.replace("group '3'", "group '4'"), "does not name the group"),
+    (WATCHDOG_REPORT.replace("tag 'late'", "tag 'early'"), "does not name the group"),
+    (WATCHDOG_REPORT.replace("after 2 s", "after 1 s"), "before the 2 s timeout"),
+    (WATCHDOG_REPORT.replace("[- 1 0]", "[- 1]"), "held flags"),
+    (WATCHDOG_REPORT.replace(" landed (1", " gone (1"), "lacks the landed flags"),
+])
+def test_watchdog_check_rejects_a_wrong_report(text, why):
+    with pytest.raises(AssertionError, match=re.escape(why)):
+        a2a_correctness.check_watchdog_report(text, "3", 3)
+
+
+def test_captured_stderr_sees_writes_to_file_descriptor_2(capfd):
+    import os
+
+    with a2a_correctness.captured_stderr() as captured:
+        os.write(2, b"from C++\n")
+    assert captured["text"] == "from C++\n"
+    assert capfd.readouterr().err == "from C++\n"  # echoed afterwards
