@@ -128,6 +128,8 @@ void validate(const PlanRequest& request) {
     fail("rank=", request.rank, ": must be in [0, world_size=", P, ")");
   if (request.batch < 1) fail("batch=", request.batch, ": must be >= 1");
   if (request.head_dim < 1) fail("head_dim=", request.head_dim, ": must be >= 1");
+  // Bounded before head_dim * element_size below, which would otherwise overflow int64.
+  if (request.head_dim > kMaxBytes) fail("head_dim=", request.head_dim, ": must be <= 2^50");
   const int64_t es = request.element_size;
   if (es != 1 && es != 2 && es != 4)
     fail("element_size=", es, ": must be 1, 2 or 4 bytes");

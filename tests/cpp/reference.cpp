@@ -39,7 +39,30 @@ struct Tensor4d {
     const int64_t outer = layout == Layout::kSBHD ? s * batch + bb : bb * seq + s;
     return ((outer * heads + h) * head_dim + e) * element_size;
   }
+  // The inverse of element(): (bb, s, h, e) and the byte within the element.
+  struct Index {
+    int64_t bb, s, h, e, k;
+  };
+  Index index(int64_t byte) const {
+    Index at{};
+    at.k = byte % element_size;
+    int64_t rest = byte / element_size;
+    at.e = rest % head_dim;
+    rest /= head_dim;
+    at.h = rest % heads;
+    const int64_t outer = rest / heads;
+    at.bb = layout == Layout::kSBHD ? outer % batch : outer / seq;
+    at.s = layout == Layout::kSBHD ? outer / batch : outer % seq;
+    return at;
+  }
 };
+
+// The rank whose range of `splits` holds global index `global`.
+int owner_of(const std::vector<int64_t>& splits, int64_t global) {
+  int rank = 0;
+  while (global >= splits[rank]) global -= splits[rank++];
+  return rank;
+}
 
 // Rank r's tensors: before mode 0 it holds its rows and all heads, after it all rows, its heads.
 Tensor4d rows_tensor(const Case& c, int r) {
@@ -105,6 +128,22 @@ RankBuffers reference_all_to_all(const Case& c, const RankBuffers& inputs) {
       else
         move_block(c, i, j, inputs[j].data(), outputs[i].data(), false);
   return outputs;
+}
+
+SourceByte reference_source_of(const Case& c, int receiver, int64_t out_byte) {
+  const Tensor4d out = output_tensor(c, receiver);
+  const auto at = out.index(out_byte);
+  if (c.mode == Mode::kSeqToHead) {  // out is receiver j's heads; row s came from its owner i
+    const int i = owner_of(c.seq_splits, at.s);
+    const int64_t s = at.s - offset_of(c.seq_splits, i);
+    const int64_t h = offset_of(c.head_splits, receiver) + at.h;
+    return {i, rows_tensor(c, i).element(at.bb, s, h, at.e) + at.k};
+  }
+  // Mode 1: out is receiver i's rows; head h came from its owner j.
+  const int j = owner_of(c.head_splits, at.h);
+  const int64_t s = offset_of(c.seq_splits, receiver) + at.s;
+  const int64_t h = at.h - offset_of(c.head_splits, j);
+  return {j, heads_tensor(c, j).element(at.bb, s, h, at.e) + at.k};
 }
 
 fast_ulysses::PlanRequest request_for(const Case& c, int rank) {

@@ -42,6 +42,14 @@ int64_t reference_output_bytes(const Case& c, int rank);
 // inputs[r] must hold reference_input_bytes(c, r) bytes; returns every rank's output.
 RankBuffers reference_all_to_all(const Case& c, const RankBuffers& inputs);
 
+// Where byte `out_byte` of rank `receiver`'s output comes from, by the same index arithmetic,
+// without buffers: what the arithmetic checks of huge cases sample.
+struct SourceByte {
+  int rank = 0;
+  int64_t byte = 0;
+};
+SourceByte reference_source_of(const Case& c, int receiver, int64_t out_byte);
+
 // --- The plan under test. ---
 fast_ulysses::PlanRequest request_for(const Case& c, int rank);
 std::vector<fast_ulysses::Plan> make_plans(const Case& c);  // plans[r] is rank r's

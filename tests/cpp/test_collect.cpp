@@ -7,58 +7,12 @@
 #include <random>
 
 #include "cases.h"
-#include "plan/host_executor.h"
+#include "checks.h"
 #include "printers.h"
 #include "reference.h"
 
 namespace fu_test {
 namespace {
-
-using fast_ulysses::Plan;
-
-// Rank r's owned result: own chunk from the input, then collect from the executed window.
-// Bytes nobody wrote keep `sentinel` (inputs never contain it).
-Bytes owned_result(const Plan& plan, const Bytes& input, const Bytes& window, std::byte sentinel) {
-  Bytes out(plan.output_bytes, sentinel);
-  const int r = plan.request.rank;
-  fast_ulysses::execute_on_host(plan.copies[r], input.data(), plan.input_bytes, out.data(),
-                                plan.output_bytes);
-  for (const auto& copy : plan.collect)
-    fast_ulysses::execute_on_host(copy, window.data(), plan.window_bytes, out.data(),
-                                  plan.output_bytes);
-  return out;
-}
-
-::testing::AssertionResult owned_matches_reference(const Case& c, uint64_t seed) {
-  const RankBuffers inputs = make_inputs(c, seed);
-  const auto plans = make_plans(c);
-  const Executed executed = execute_plans(plans, inputs, std::byte{0});
-  const RankBuffers expected = reference_all_to_all(c, inputs);
-  for (int r = 0; r < c.world_size(); ++r) {
-    const Plan& plan = plans[r];
-    if (plan.collect.size() > 2)
-      return ::testing::AssertionFailure() << "rank " << r << ": " << plan.collect.size()
-                                           << " collect copies, at most 2";
-    int64_t collected = 0;
-    for (const auto& copy : plan.collect) collected += copy.bytes();
-    if (collected + plan.copies[r].bytes() != plan.output_bytes)
-      return ::testing::AssertionFailure()
-             << "rank " << r << ": collect moves " << collected << " bytes + own chunk "
-             << plan.copies[r].bytes() << " != output " << plan.output_bytes;
-    // A window whose own-chunk bytes are poisoned: collect must not carry them into the result.
-    Bytes window = executed.windows[r];
-    fast_ulysses::execute_on_host(plan.copies[r], Bytes(plan.input_bytes, std::byte{0}).data(),
-                                  plan.input_bytes, window.data(), plan.window_bytes);
-    const Bytes out = owned_result(plan, inputs[r], window, std::byte{0});
-    if (out != expected[r]) {
-      int64_t first = 0;
-      while (first < plan.output_bytes && out[first] == expected[r][first]) ++first;
-      return ::testing::AssertionFailure() << "rank " << r << ": owned result differs from the "
-                                           << "reference at byte " << first;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 TEST(Collect, ExhaustiveSmallCases) {
   for (int P = 1; P <= 5; ++P)

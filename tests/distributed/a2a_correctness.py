@@ -7,13 +7,17 @@
         tests/distributed/a2a_correctness.py --shared-gpu
 
 Rank 0 prints one line per check group and a closing 'N passed, N failed' line; any failure
-raises on the rank that saw it, so torchrun exits non-zero.
+raises on the rank that saw it, so torchrun exits non-zero. Launched by tests/multirank.py (as
+tests/gpu does), each rank also writes a JSON report naming every check and how it ended.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -22,7 +26,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import a2a_checks  # noqa: E402
+from multirank import Report  # noqa: E402
 
 import fast_ulysses as fu  # noqa: E402
 
@@ -113,10 +119,52 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
     return "FAST_ULYSSES_DEBUG=1: mismatched and one-rank-invalid calls raise on every rank"
 
 
+@contextlib.contextmanager
+def captured_stderr():
+    """Everything written to file descriptor 2 inside the block (the C++ watchdog's fputs
+    included), as `captured["text"]`; echoed to the real stderr afterwards."""
+    captured = {"text": ""}
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured["text"] = sink.read().decode(errors="replace")
+    sys.stderr.write(captured["text"])
+    sys.stderr.flush()
+
+
+def check_watchdog_report(text: str, group_name: str, world_size: int) -> None:
+    """Rank 0's watchdog report on the late call: exactly one, naming the group, the call and
+    its tag, a wait of at least the 2 s timeout, and every flag list with one entry per rank
+    ('-' for rank 0 itself, a flag value for each peer)."""
+    reports = [line for line in text.splitlines() if line.startswith("fast-ulysses watchdog:")]
+    assert len(reports) == 1, f"{len(reports)} watchdog reports, want 1: {text!r}"
+    report = reports[0]
+    head = re.match(rf"fast-ulysses watchdog: group '{re.escape(group_name)}': rank 0: call #1 "
+                    rf"of tag 'late' has not completed after (\d+) s\. Flags on this rank, per "
+                    rf"peer:", report)
+    assert head, f"watchdog report does not name the group, the call and its tag: {report!r}"
+    assert int(head.group(1)) >= 2, f"reported after {head.group(1)} s, before the 2 s timeout"
+    for flags in ("held", "held-owned", "landed"):
+        found = re.search(rf" {flags}(?: \([^)]*\))? \[([^\]]*)\]", report)
+        assert found, f"watchdog report lacks the {flags} flags: {report!r}"
+        values = found.group(1).split()
+        assert len(values) == world_size and values[0] == "-" and \
+            all(v.isdigit() for v in values[1:]), f"{flags} flags {values}: {report!r}"
+    assert "FAST_ULYSSES_DEBUG=1" in report, report
+
+
 def check_watchdog(pg, rank, world_size, device) -> str:
     """Ranks 1.. issue their call 5 s late: rank 0's handshake waits, and its watchdog (2 s
-    here, action 'report') reports it on stderr (tests/gpu checks the text); then the call
-    completes."""
+    here, action 'report') reports it on stderr, which rank 0 captures and checks
+    (check_watchdog_report); then the call completes."""
     settings = {"FAST_ULYSSES_WATCHDOG_S": "2", "FAST_ULYSSES_WATCHDOG_ACTION": "report"}
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
@@ -131,11 +179,24 @@ def check_watchdog(pg, rank, world_size, device) -> str:
     x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
     if rank != 0:
         time.sleep(5)
-    y = group.all_to_all_single_4d(x, 0, "late")
-    torch.cuda.synchronize()
+    with captured_stderr() if rank == 0 else contextlib.nullcontext() as captured:
+        y = group.all_to_all_single_4d(x, 0, "late")
+        torch.cuda.synchronize()
+    if rank == 0:
+        check_watchdog_report(captured["text"], group.group_name, world_size)
     assert y.shape == (1, 4 * world_size, 2, 64)
     group.destroy()
     return "a late peer: the watchdog reports the stuck handshake, then the call completes"
+
+
+# Every check, in run order (tests/gpu runs one pytest test per check and P).
+CHECKS = ("matrix", "async_consumer", "borrowed_lifetime", "deferred_barrier", "bad_calls",
+          "back_to_back", "reserve_and_recreate", "debug_mode", "watchdog")
+
+
+def check_names(world_size: int) -> list[str]:
+    """The checks that run at this world size (the watchdog needs a late peer)."""
+    return [name for name in CHECKS if name != "watchdog" or world_size > 1]
 
 
 def main() -> int:
@@ -149,22 +210,29 @@ def main() -> int:
     pg = dist.group.WORLD
 
     start = time.time()
+    report = Report(rank)
     passed = []
     group = fu.UlyssesGroup(pg, initial_pool_bytes=1 << 20)
     ref, ref_device = (None, None) if args.no_reference else reference_group(
         pg, args.shared_gpu, device)
     checker = a2a_checks.Checker(group, rank, world_size, device, ref, ref_device)
-    for check in (checker.check_matrix, checker.check_async_consumer,
-                  checker.check_borrowed_lifetime, checker.check_deferred_barrier,
-                  checker.check_bad_calls):
-        check()
-    checker.check_back_to_back(args.iterations)
-    passed += checker.passed
-    group.destroy()
-    passed.append(check_reserve_and_recreate(pg, rank, world_size, device, print))
-    passed.append(check_debug_mode(pg, rank, world_size, device))
-    if world_size > 1:
-        passed.append(check_watchdog(pg, rank, world_size, device))
+    steps = {
+        "matrix": checker.check_matrix, "async_consumer": checker.check_async_consumer,
+        "borrowed_lifetime": checker.check_borrowed_lifetime,
+        "deferred_barrier": checker.check_deferred_barrier, "bad_calls": checker.check_bad_calls,
+        "back_to_back": lambda: checker.check_back_to_back(args.iterations),
+        "reserve_and_recreate": lambda: check_reserve_and_recreate(pg, rank, world_size, device,
+                                                                   print),
+        "debug_mode": lambda: check_debug_mode(pg, rank, world_size, device),
+        "watchdog": lambda: check_watchdog(pg, rank, world_size, device),
+    }
+    for name in check_names(world_size):
+        if name == "reserve_and_recreate":
+            group.destroy()  # the checks from here on build their own groups
+        with report.check(name) as entry:
+            line = steps[name]() or checker.passed[-1]
+            entry["detail"] = line
+        passed.append(line)
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
@@ -174,6 +242,7 @@ def main() -> int:
               f"{time.time() - start:.1f} s, reference: "
               f"{'simulate + TorchUlyssesGroup' if ref is not None else 'simulate'}")
         print(f"{len(passed)} passed, 0 failed")
+    report.finish()
     dist.destroy_process_group()
     return 0
 

@@ -13,7 +13,9 @@ window exists before capture, by an eager warm-up call on a side stream or by `r
 (both are used). Inputs are rebuilt on every rank from seeds (a2a_checks.inputs_for), so each
 rank compares its results with `fast_ulysses.simulate` on the raw bytes.
 
-Rank 0 prints '  ok  <check>: ...' per check and a closing 'N passed, 0 failed' line. A failure
+Launched by tests/multirank.py (as tests/gpu does), each rank also writes a JSON report naming
+every check and how it ended. Rank 0 prints '  ok  <check>: ...' per check and a closing
+'N passed, 0 failed' line. A failure
 raises an AssertionError naming the check, the rank and the replay (or call) index, prints it
 on stderr and ends the process with exit status 1 (os._exit: peers blocked on the GPU waiting
 for this rank must not keep it alive), so torchrun stops the other ranks and exits non-zero.
@@ -36,8 +38,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import a2a_checks  # noqa: E402
 from a2a_checks import Case, balanced  # noqa: E402
+from multirank import Report  # noqa: E402
 
 import fast_ulysses as fu  # noqa: E402
 
@@ -747,17 +751,20 @@ def main(args) -> int:
     ctx = Ctx(args, dist.group.WORLD, rank, world_size, device)
 
     start = time.time()
+    report = Report(rank)
     passed = 0
     for name, letter, fn in chosen:
         ctx.check, ctx.where = name, "setup"
         t0 = time.time()
-        try:
-            note = fn(ctx)
-            torch.cuda.synchronize()
-        except Exception as error:
-            raise AssertionError(f"check {name} ({letter}) failed on rank {rank} at "
-                                 f"{ctx.where}: {type(error).__name__}: {error}") from error
-        dist.barrier()
+        with report.check(name) as entry:
+            try:
+                note = fn(ctx)
+                torch.cuda.synchronize()
+            except Exception as error:
+                raise AssertionError(f"check {name} ({letter}) failed on rank {rank} at "
+                                     f"{ctx.where}: {type(error).__name__}: {error}") from error
+            entry["detail"] = (note or "").split("\n")[0]
+            dist.barrier()
         passed += 1
         if rank == 0:
             first, *rest = (note or "").split("\n")
@@ -771,6 +778,7 @@ def main(args) -> int:
               f"{time.time() - start:.1f} s, capture_error_mode={args.capture_error_mode}, "
               f"layer replays={args.replays}", flush=True)
         print(f"{passed} passed, 0 failed", flush=True)
+    report.finish()
     dist.destroy_process_group()
     return 0
 

@@ -1,44 +1,48 @@
 """GPU tests of the fast path: P = 1..8 ranks sharing this machine's first GPU over gloo
-(FAST_ULYSSES_ALLOW_SHARED_GPU=1), each run as the torchrun worker
-tests/distributed/a2a_correctness.py. They skip, saying why, where no GPU is visible."""
+(FAST_ULYSSES_ALLOW_SHARED_GPU=1), each run once as the worker tests/distributed/a2a_correctness.py
+through tests/multirank.py, with one test per check and P. They skip, saying why, where no GPU is
+visible."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-WORKER = Path(__file__).resolve().parents[1] / "distributed" / "a2a_correctness.py"
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
-                               reason="no CUDA GPU visible: the fast path cannot run here")
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
+import a2a_correctness
+from _gpu import SHARED_GPU_ENV, needs_gpu
+from multirank import launch
+
+WORKER = Path(a2a_correctness.__file__)
+NPROCS = (1, 2, 3, 4, 5, 8)
+TIMEOUT_S = 480  # bounds a hang; every P should take well under it
 
 
-def _torchrun(nproc: int, *extra: str, timeout: int = 480) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **SAFE_ENV, FAST_ULYSSES_ALLOW_SHARED_GPU="1",
-               FAST_ULYSSES_WATCHDOG_S="60", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", str(WORKER), "--shared-gpu", *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+def a2a(shared_gpu_runs, nproc):
+    return shared_gpu_runs(WORKER, nproc, "--iterations", "1000", timeout=TIMEOUT_S)
 
 
 @needs_gpu
-@pytest.mark.parametrize("nproc", [1, 2, 3, 4, 5, 8])
-def test_shared_gpu_correctness(nproc):
-    result = _torchrun(nproc, "--iterations", "1000")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert " passed, 0 failed" in result.stdout, output[-6000:]
-    if nproc > 1:  # check_watchdog made rank 0 wait 5 s for late peers, past a 2 s watchdog
-        assert "fast-ulysses watchdog" in output and "has not completed" in output, output[-6000:]
-    print(result.stdout)
+@pytest.mark.parametrize("nproc,check", [(n, c) for n in NPROCS
+                                         for c in a2a_correctness.check_names(n)])
+def test_a2a_check(shared_gpu_runs, nproc, check):
+    a2a(shared_gpu_runs, nproc).assert_check(check)
+
+
+@needs_gpu
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_a2a_run_ends_cleanly(shared_gpu_runs, nproc):
+    """Every rank exits 0 after all its checks, and rank 0 prints the standalone summary."""
+    run = a2a(shared_gpu_runs, nproc)
+    run.assert_clean_exit()
+    assert run.check_names() == a2a_correctness.check_names(nproc), run.describe()
+    n = len(a2a_correctness.check_names(nproc))
+    assert re.search(rf"^{n} passed, 0 failed$", run.ranks[0].output, re.MULTILINE), \
+        run.describe()
+    print(run.ranks[0].output)
 
 
 @needs_gpu
@@ -68,25 +72,53 @@ def test_compile_traces_the_op():
 
 
 @needs_gpu
-def test_watchdog_abort_ends_a_hung_job():
+def test_watchdog_abort_ends_a_hung_job(tmp_path):
     """A rank that never calls: with FAST_ULYSSES_WATCHDOG_ACTION=abort (the default) its peer's
-    watchdog reports on stderr and ends the process, so torchrun exits non-zero within the
-    watchdog timeout + 10 s instead of hanging."""
-    import time
+    watchdog reports on stderr and ends its own process non-zero, while the other rank is still
+    asleep (60 s) and has to be killed by the launcher: the job would otherwise hang."""
+    worker = WORKER.with_name("watchdog_abort.py")
+    env = dict(SHARED_GPU_ENV, FAST_ULYSSES_WATCHDOG_S="3", FAST_ULYSSES_WATCHDOG_ACTION=None)
+    run = launch(worker, 2, tmp_path, timeout=120, env=env)
+    caller, sleeper = run.ranks
+    assert "rank 0: issuing at" in caller.output, run.describe()
+    assert caller.returncode not in (None, 0), f"the hung call did not end rank 0\n{run.describe()}"
+    assert "has not completed after" in caller.output, run.describe()
+    assert "ending this process" in caller.output, run.describe()
+    assert sleeper.returncode is None, f"rank 1 was not still asleep\n{run.describe()}"
 
-    worker = Path(__file__).resolve().parents[1] / "distributed" / "watchdog_abort.py"
-    env = dict(os.environ, **SAFE_ENV, FAST_ULYSSES_ALLOW_SHARED_GPU="1",
-               FAST_ULYSSES_WATCHDOG_S="3", PYTHONUNBUFFERED="1")
-    env.pop("FAST_ULYSSES_WATCHDOG_ACTION", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(worker)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    ended = time.time()
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, f"the hung job exited 0:\n{output[-4000:]}"
-    assert "has not completed after" in result.stderr, output[-4000:]
-    assert "ending this process" in result.stderr, output[-4000:]
-    issued = re.search(r"rank 0: issuing at ([0-9.]+)", result.stdout)
-    assert issued, output[-4000:]
-    elapsed = ended - float(issued.group(1))
-    assert elapsed < 3 + 10, f"the job ended {elapsed:.1f} s after the call, past timeout + 10 s"
+
+# -- the worker's own pieces, on CPU --------------------------------------------------------
+
+WATCHDOG_REPORT = (
+    "fast-ulysses watchdog: group '3': rank 0: call #1 of tag 'late' has not completed after 2 s."
+    " Flags on this rank, per peer: held (1 = peer has not released its window yet) [- 1 0]"
+    " held-owned [- 0 0] landed (1 = peer's chunk arrived, not yet consumed) [- 0 1]. A peer"
+    " that lags is stuck, has died, or issued a different call sequence (set"
+    " FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks).")
+
+
+def test_watchdog_check_accepts_the_report_it_expects():
+    a2a_correctness.check_watchdog_report(f"other output\n{WATCHDOG_REPORT}\n", "3", 3)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "0 watchdog reports"),
+    (f"{WATCHDOG_REPORT}\n{WATCHDOG_REPORT}", "2 watchdog reports"),
+    (WATCHDOG_REPORT.replace("group '3'", "group '4'"), "does not name the group"),
+    (WATCHDOG_REPORT.replace("tag 'late'", "tag 'early'"), "does not name the group"),
+    (WATCHDOG_REPORT.replace("after 2 s", "after 1 s"), "before the 2 s timeout"),
+    (WATCHDOG_REPORT.replace("[- 1 0]", "[- 1]"), "held flags"),
+    (WATCHDOG_REPORT.replace(" landed (1", " gone (1"), "lacks the landed flags"),
+])
+def test_watchdog_check_rejects_a_wrong_report(text, why):
+    with pytest.raises(AssertionError, match=re.escape(why)):
+        a2a_correctness.check_watchdog_report(text, "3", 3)
+
+
+def test_captured_stderr_sees_writes_to_file_descriptor_2(capfd):
+    import os
+
+    with a2a_correctness.captured_stderr() as captured:
+        os.write(2, b"from C++\n")
+    assert captured["text"] == "from C++\n"
+    assert capfd.readouterr().err == "from C++\n"  # echoed afterwards

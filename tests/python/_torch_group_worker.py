@@ -1,19 +1,20 @@
-"""One rank of the TorchUlyssesGroup test (run by test_torch_group.py through _launcher.py).
+"""One rank of the TorchUlyssesGroup test (run by test_torch_group.py through tests/multirank.py,
+or by torchrun).
 
-All ranks join one gloo world of --world-size ranks; for P = 1..world_size the last P ranks form
-a subgroup (so group rank != global rank is exercised) and run every case against
-fast_ulysses.simulate, bit for bit. Inputs are seeded per (case, rank), so each rank rebuilds
-every rank's input locally. After each P, a line "P <p> ok" is printed; the first failure prints
-its traceback and exits 1.
+All ranks join one gloo world; for P = 1..world_size the last P ranks form a subgroup (so group
+rank != global rank is exercised) and run every case against fast_ulysses.simulate, bit for bit,
+as check "subgroup_P<p>" of the rank's report. Inputs are seeded per (case, rank), so each rank
+rebuilds every rank's input locally. After each P, a line "P <p> ok" is printed; the first
+failure prints its traceback and exits 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,9 @@ import fast_ulysses
 from fast_ulysses.factory import make_group
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from multirank import Report  # noqa: E402
 
 # (dtype, b) pairs: every dtype and both batch sizes, without their full product (2 cores).
 DTYPE_BATCH = ((torch.float16, 1), (torch.bfloat16, 2), (torch.float32, 2))
@@ -142,32 +146,30 @@ def check_make_group(pg) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--init", required=True)
-    args = parser.parse_args()
     timeout = datetime.timedelta(seconds=60)
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank,
-                            world_size=args.world_size, timeout=timeout)
-    W = args.world_size
+    dist.init_process_group("gloo", timeout=timeout)  # torchrun's environment
+    rank, W = dist.get_rank(), dist.get_world_size()
+    report = Report(rank)
     try:
         for P in range(1, W + 1):
             members = list(range(W - P, W))
             pg = dist.new_group(members, timeout=timeout)  # collective: every rank calls it
-            if args.rank in members:
-                check_make_group(pg)
-                group = TorchUlyssesGroup(pg)
-                assert group.rank == args.rank - (W - P) and group.world_size == P
-                n = check_cases(group, P)
-                check_errors(group, P)
-                check_reserve_and_destroy(group, P)
+            if rank in members:
+                with report.check(f"subgroup_P{P}") as entry:
+                    check_make_group(pg)
+                    group = TorchUlyssesGroup(pg)
+                    assert group.rank == rank - (W - P) and group.world_size == P
+                    n = check_cases(group, P)
+                    check_errors(group, P)
+                    check_reserve_and_destroy(group, P)
+                    entry["detail"] = f"{n} cases"
                 print(f"P {P} ok ({n} cases)", flush=True)
             dist.barrier()
     except Exception:  # noqa: BLE001 - report everything, then fail this rank
         traceback.print_exc()
         sys.stdout.flush()
         return 1
+    report.finish()
     dist.destroy_process_group()
     return 0
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
+# tests/multirank.py: the launcher every multi-rank test uses.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(scope="session")

@@ -341,6 +341,6 @@ def test_bench_cli_flags_and_defaults_in_help():
         parser.parse_args(["--gemms", "-1"])
     text = " ".join(parser.format_help().split())
     for default in ("(default: auto)", "(default: 5)", "(default: 8192)", "(default: 50)",
-                    "(default: 0)", "(default: benchmarks/results)"):
+                    "(default: 0)", "(default: fast-ulysses-results)"):
         assert default in text, default
     assert "(default: None)" not in text and "(default: False)" not in text

@@ -17,7 +17,7 @@ import fast_ulysses
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec, check_input, window_bytes_by_tag
 
-from _launcher import describe, run_ranks
+from multirank import launch
 
 WORLD = 8
 WORKER = Path(__file__).with_name("_torch_group_worker.py")
@@ -25,18 +25,16 @@ WORKER = Path(__file__).with_name("_torch_group_worker.py")
 
 @pytest.fixture(scope="module")
 def eight_ranks(tmp_path_factory):
-    return run_ranks(WORKER, WORLD, tmp_path_factory.mktemp("ranks"), timeout=300)
+    return launch(WORKER, WORLD, tmp_path_factory.mktemp("ranks"), timeout=300)
 
 
 @pytest.mark.parametrize("P", range(1, WORLD + 1))
 def test_matches_simulate(eight_ranks, P):
-    members = range(WORLD - P, WORLD)
-    missing = [r for r in members if f"P {P} ok" not in eight_ranks[r].output]
-    assert not missing, f"P={P}: ranks {missing} did not pass\n{describe(eight_ranks)}"
+    eight_ranks.assert_check(f"subgroup_P{P}", ranks=range(WORLD - P, WORLD))
 
 
 def test_all_ranks_exit_cleanly(eight_ranks):
-    assert all(r.returncode == 0 for r in eight_ranks), describe(eight_ranks)
+    eight_ranks.assert_clean_exit()
 
 
 BAD_TENSORS = {

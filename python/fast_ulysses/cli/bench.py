@@ -62,7 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ranks to spawn when not under torchrun (default: GPU count)")
     p.add_argument("--shared-gpu", action="store_true",
                    help="every rank on cuda:0 over gloo (sets FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
-    p.add_argument("--out-dir", default="benchmarks/results", help="where JSON and PNG go")
+    p.add_argument("--out-dir", default="fast-ulysses-results",
+                   help="where JSON and PNG go, one timestamped pair per run (relative paths "
+                        "start at the current directory)")
     p.add_argument("--label", default=None, help="file name label (default: p<P>[-shared])")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
 

@@ -1,0 +1,197 @@
+"""The one launcher of every multi-rank test, and the per-rank report its workers write.
+
+Parent side (pytest): `launch(script, nproc, tmp, timeout=...)` starts `nproc` processes of
+`script` with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), so a worker calls `dist.init_process_group(backend)` exactly as under torchrun and
+stays runnable with torchrun on a real node. gloo is pinned to the loopback interface. The first
+rank to fail gets the others killed (they would only wait for it in a collective), and so does
+the timeout: a hang fails the test instead of stalling it. Each rank's stdout and stderr go to
+<tmp>/rank<r>.log.
+
+Worker side: `Report(rank)` writes <dir>/rank<r>.json when the launcher set REPORT_ENV to <dir>
+(under plain torchrun it writes nothing). `with report.check(name):` records the check as
+running, then passed or failed with the error, rewriting the file at each step, so a rank that
+crashes or is killed mid-check still says which check it was in. `Launch.assert_check(name)`
+turns that into a pytest assertion that names the check, the rank and the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPORT_ENV = "FAST_ULYSSES_TEST_REPORT"
+TAIL_LINES = 40
+
+
+# -- worker side ------------------------------------------------------------------------------
+
+class Report:
+    """This rank's checks, as a JSON file: {"rank", "checks": [{"name", "status", "detail"}],
+    "finished"}; status is "running", "passed" or "failed"."""
+
+    def __init__(self, rank: int):
+        directory = os.environ.get(REPORT_ENV)
+        self.path = Path(directory) / f"rank{rank}.json" if directory else None
+        self.data = {"rank": rank, "checks": [], "finished": False}
+        self._write()
+
+    @contextlib.contextmanager
+    def check(self, name: str):
+        """Records check `name` around the block; yields its entry (set entry["detail"] to a
+        summary). An exception marks it failed with the error's text and propagates."""
+        entry = {"name": name, "status": "running", "detail": ""}
+        self.data["checks"].append(entry)
+        self._write()
+        try:
+            yield entry
+        except BaseException as error:
+            entry["status"] = "failed"
+            entry["detail"] = f"{type(error).__name__}: {error}"
+            self._write()
+            raise
+        entry["status"] = "passed"
+        self._write()
+
+    def finish(self) -> None:
+        """Every check ran: the worker is about to exit 0."""
+        self.data["finished"] = True
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        partial = self.path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(self.data, indent=1))
+        os.replace(partial, self.path)  # readers never see half a file
+
+
+# -- parent side ------------------------------------------------------------------------------
+
+@dataclass
+class RankRun:
+    rank: int
+    returncode: int | None  # None: still running when the launcher killed it
+    output: str             # stdout and stderr, interleaved
+    report: dict | None     # the rank's JSON report; None if it wrote none
+
+    def status(self) -> str:
+        return "killed by the launcher" if self.returncode is None else f"exit {self.returncode}"
+
+    def entry(self, name: str) -> dict | None:
+        checks = (self.report or {}).get("checks", [])
+        return next((c for c in checks if c["name"] == name), None)
+
+
+@dataclass
+class Launch:
+    script: Path
+    ranks: list[RankRun]
+    timed_out: bool
+
+    def describe(self) -> str:
+        """Every rank's exit and last lines, for an assertion message."""
+        head = f"{self.script.name}, {len(self.ranks)} ranks" + \
+            (" (timed out)" if self.timed_out else "")
+        parts = [head]
+        for r in self.ranks:
+            tail = "\n".join(r.output.strip().splitlines()[-TAIL_LINES:])
+            parts.append(f"--- rank {r.rank}: {r.status()}\n{tail}")
+        return "\n".join(parts)
+
+    def check_failure(self, name: str, ranks=None) -> str | None:
+        """Why check `name` did not pass on every rank of `ranks` (default: all), or None. Ranks
+        where it failed come first, those that exited on their own before those the launcher
+        killed: the others were usually only waiting for them."""
+        failed, other = [], []
+        for r in (self.ranks if ranks is None else [self.ranks[i] for i in ranks]):
+            entry = r.entry(name)
+            if r.report is None:
+                other.append(f"rank {r.rank} wrote no report ({r.status()})")
+            elif entry is None:
+                done = [c["name"] for c in r.report["checks"]]
+                other.append(f"it never ran on rank {r.rank} ({r.status()}; checks it reached: "
+                             f"{done})")
+            elif entry["status"] == "failed":  # a rank that failed on its own goes first
+                failed.insert(len(failed) if r.returncode is None else 0,
+                              f"failed on rank {r.rank}: {entry['detail']}")
+            elif entry["status"] != "passed":
+                other.append(f"it did not finish on rank {r.rank} ({r.status()})")
+        problems = failed + other
+        return f"check {name} " + "; ".join(problems) if problems else None
+
+    def assert_check(self, name: str, ranks=None) -> None:
+        failure = self.check_failure(name, ranks)
+        assert failure is None, f"{failure}\n{self.describe()}"
+
+    def assert_clean_exit(self) -> None:
+        """Every rank exited 0 and reported that it finished every check."""
+        for r in self.ranks:
+            assert r.returncode == 0, f"rank {r.rank}: {r.status()}\n{self.describe()}"
+            assert r.report is not None and r.report["finished"], \
+                f"rank {r.rank} exited 0 without finishing its report\n{self.describe()}"
+
+    def check_names(self, rank: int = 0) -> list[str]:
+        return [c["name"] for c in (self.ranks[rank].report or {}).get("checks", [])]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: Path, nproc: int, tmp: Path, *, timeout: float, args=(),
+           env: dict | None = None) -> Launch:
+    """Runs `script` as `nproc` ranks and waits for all of them, a failure or the timeout.
+    `env` adds to this process's environment; a None value removes the variable."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    reports = tmp / "reports"
+    reports.mkdir(exist_ok=True)
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0",
+                GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                **{REPORT_ENV: str(reports)}, **(env or {}))
+    base = {name: value for name, value in base.items() if value is not None}
+    logs = [open(tmp / f"rank{r}.log", "w+") for r in range(nproc)]
+    procs = [subprocess.Popen([sys.executable, str(script), *args], stdout=logs[r],
+                              stderr=subprocess.STDOUT, start_new_session=True,
+                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(nproc)]
+    killed = set()
+    try:
+        timed_out = not _wait(procs, timeout)
+    finally:
+        for r, p in enumerate(procs):
+            if p.poll() is None:
+                killed.add(r)
+            with contextlib.suppress(ProcessLookupError):  # the rank and all it started
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    ranks = []
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        log.seek(0)
+        path = reports / f"rank{r}.json"
+        report = json.loads(path.read_text()) if path.exists() else None
+        ranks.append(RankRun(r, None if r in killed else p.returncode, log.read(), report))
+        log.close()
+    return Launch(Path(script), ranks, timed_out)
+
+
+def _wait(procs, timeout: float) -> bool:
+    """True once every rank exited 0 or one failed; False at the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
+            return True
+        time.sleep(0.05)
+    return False
