@@ -34,6 +34,12 @@ work="${CHECK_WHEEL_DIR:-$(mktemp -d /tmp/fast-ulysses-wheel.XXXXXX)}"
 mkdir -p "$work"
 step() { echo "== check_wheel: $* ($(date +%T))"; }
 
+if [ "$system_site" = 1 ] && "$py" -c "import importlib.metadata as m; m.distribution('fast-ulysses')" 2>/dev/null; then
+  echo "check_wheel.sh: $py already has fast-ulysses installed; with --system-site-packages the" \
+    "environment would import that copy, not the wheel: pip uninstall fast-ulysses first" >&2
+  exit 1
+fi
+
 step "wheel from the tree"
 "$py" -m pip wheel "$repo" --no-build-isolation --no-deps -q -w "$work/tree" \
   -C build-dir="$work/build-tree"
