@@ -14,8 +14,9 @@
 #                           installs offline (a machine without internet); without it, torch
 #                           comes from requirements/torch.txt and the rest from the index.
 #   --gpu                   also run tests/gpu against the installed wheel.
-# Environment: PYTHON (default python), CHECK_WHEEL_DIR (default a new temporary folder; kept
-# at the end, its path printed), and whatever the build reads (CC, CXX, FAST_ULYSSES_CUDA_ARCH).
+# Environment: PYTHON (default python), CHECK_WHEEL_DIR (where the sdist, wheels, environment
+# and test copies go, kept at the end; default a new temporary folder, removed after a pass and
+# kept after a failure), and whatever the build reads (CC, CXX, FAST_ULYSSES_CUDA_ARCH).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-python}"
@@ -30,15 +31,16 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-work="${CHECK_WHEEL_DIR:-$(mktemp -d /tmp/fast-ulysses-wheel.XXXXXX)}"
-mkdir -p "$work"
-step() { echo "== check_wheel: $* ($(date +%T))"; }
-
 if [ "$system_site" = 1 ] && "$py" -c "import importlib.metadata as m; m.distribution('fast-ulysses')" 2>/dev/null; then
   echo "check_wheel.sh: $py already has fast-ulysses installed; with --system-site-packages the" \
     "environment would import that copy, not the wheel: pip uninstall fast-ulysses first" >&2
   exit 1
 fi
+
+work="${CHECK_WHEEL_DIR:-$(mktemp -d /tmp/fast-ulysses-wheel.XXXXXX)}"
+mkdir -p "$work"
+trap 'echo "check_wheel.sh: failed; its files are in $work" >&2' ERR
+step() { echo "== check_wheel: $* ($(date +%T))"; }
 
 step "wheel from the tree"
 "$py" -m pip wheel "$repo" --no-build-isolation --no-deps -q -w "$work/tree" \
@@ -118,4 +120,9 @@ fast-ulysses plan --preset wan-720p --world-size 8 >/dev/null
 fast-ulysses doctor --no-symm-init >/dev/null
 echo "ok: fast-ulysses --version, plan, doctor"
 python -m pytest -q -rs -p no:cacheprovider "${suites[@]}" "$@"
-step "done; everything is in $work"
+if [ -n "${CHECK_WHEEL_DIR:-}" ]; then
+  step "passed; everything is in $work"
+else
+  rm -rf "$work"
+  step "passed"
+fi
