@@ -9,7 +9,9 @@ execute_process(
     "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__); print(torch.version.cuda or '')"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)
-  message(FATAL_ERROR "fast-ulysses: `import torch` failed in ${Python_EXECUTABLE}; install torch first")
+  message(FATAL_ERROR "fast-ulysses: `import torch` failed in ${Python_EXECUTABLE}. The extension "
+    "builds against the torch already installed: install torch first, then build without build "
+    "isolation (pip install --no-build-isolation ...), so the build sees that torch")
 endif()
 string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 TORCH_DIR)
@@ -23,23 +25,6 @@ if(NOT _torch_cuda_major STREQUAL CUDAToolkit_VERSION_MAJOR)
   message(FATAL_ERROR "fast-ulysses: torch was built with CUDA ${TORCH_CUDA_VERSION} but nvcc is "
     "${CUDAToolkit_VERSION}; their major versions must match")
 endif()
-
-# FAST_ULYSSES_CUDA_ARCH=90 builds one architecture; the default builds all supported ones.
-# The transport issues copies and stream memory operations only, so today there is no device
-# code to compile: the list is validated and reported, ready for the first kernel.
-set(FAST_ULYSSES_SUPPORTED_ARCHS 80 90 100 120)
-if(DEFINED ENV{FAST_ULYSSES_CUDA_ARCH} AND NOT "$ENV{FAST_ULYSSES_CUDA_ARCH}" STREQUAL "")
-  string(REPLACE "," ";" FAST_ULYSSES_CUDA_ARCHS "$ENV{FAST_ULYSSES_CUDA_ARCH}")
-else()
-  set(FAST_ULYSSES_CUDA_ARCHS ${FAST_ULYSSES_SUPPORTED_ARCHS})
-endif()
-foreach(_arch IN LISTS FAST_ULYSSES_CUDA_ARCHS)
-  if(NOT _arch IN_LIST FAST_ULYSSES_SUPPORTED_ARCHS)
-    message(FATAL_ERROR "FAST_ULYSSES_CUDA_ARCH=${_arch}: must be among ${FAST_ULYSSES_SUPPORTED_ARCHS}")
-  endif()
-endforeach()
-string(REPLACE ";" "," FAST_ULYSSES_CUDA_ARCHS_CSV "${FAST_ULYSSES_CUDA_ARCHS}")
-message(STATUS "fast-ulysses: CUDA architectures ${FAST_ULYSSES_CUDA_ARCHS_CSV}")
 
 add_library(fu_torch INTERFACE)
 target_include_directories(fu_torch SYSTEM INTERFACE

@@ -7,6 +7,7 @@
 GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 """
 
+from ._version import __version__
 from ._ops import cuda_available, cuda_load_error
 from .factory import make_group
 from .group import UlyssesGroup
@@ -14,9 +15,8 @@ from .plan import CopyDescriptor, Plan, plan, simulate
 from .torch_group import TorchUlyssesGroup
 from .validation import CallSpec
 
-__version__ = "0.1.0"
-
 __all__ = [
+    "__version__",
     "CallSpec",
     "CopyDescriptor",
     "Plan",

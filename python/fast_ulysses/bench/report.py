@@ -4,6 +4,7 @@ files out: testable without a GPU."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -111,10 +112,19 @@ def write_json(results: dict, out_dir: str | Path, label: str) -> Path:
     return path
 
 
-def write_plot(results: dict, path: str | Path) -> Path:
+PLOT_MISSING = ("no plot: matplotlib is not installed (pip install 'fast-ulysses[plot]'); "
+                "the table and the JSON are written all the same")
+
+
+def write_plot(results: dict, path: str | Path) -> Path | None:
     """Stacked bars per case and mode: baseline stages against fast-ulysses copy (own share +
-    the rest) and borrowed. Missing baselines are left out, never drawn as zero."""
-    import matplotlib
+    the rest) and borrowed. Missing baselines are left out, never drawn as zero. Without
+    matplotlib (the `plot` extra) it prints PLOT_MISSING to stderr and returns None."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(PLOT_MISSING, file=sys.stderr)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

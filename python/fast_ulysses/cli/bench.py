@@ -177,8 +177,9 @@ def report(results: dict, args) -> None:
         "-shared" if args.shared_gpu else "")
     path = write_json(results, args.out_dir, label)
     print(f"results: {path}")
-    if not args.no_plot:
-        print(f"plot: {write_plot(results, path.with_suffix('.png'))}")
+    plot = None if args.no_plot else write_plot(results, path.with_suffix(".png"))
+    if plot:
+        print(f"plot: {plot}")
 
 
 def _spawned(rank: int, world_size: int, store: str, args) -> None:

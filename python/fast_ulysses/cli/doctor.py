@@ -85,16 +85,25 @@ def _no_gpu_message(nvml_state: str) -> str:
 
 
 def _versions(nvml: hardware.Nvml) -> dict:
-    from .. import __version__
+    """fast-ulysses, what it was built against, and what this machine runs. What cannot be
+    seen reads "none (why)" rather than being left out."""
+    from .. import __version__, _build_info
 
+    no_driver = "none (NVML cannot say: see nvml)"
     return {
         "fast_ulysses": __version__,
+        "built_for_torch": _build_info.TORCH_VERSION,
+        "built_for_cuda": _build_info.TORCH_CUDA_VERSION or "none (CPU-only torch)",
+        "built_cuda_toolkit": _build_info.CUDA_TOOLKIT_VERSION,
+        "built_cuda_archs": ",".join(f"sm{a}" for a in _build_info.CUDA_ARCHS.split(","))
+                            + ("" if _build_info.DEVICE_CODE else " (no device code)"),
         "torch": torch.__version__,
-        "cuda_runtime": torch.version.cuda or "",
-        "driver": nvml.driver_version(),
-        "driver_cuda": nvml.cuda_driver_version(),
-        "nccl": _nccl_version(),
-        "nvshmem": _dist_version("nvidia-nvshmem-cu13") or _dist_version("nvidia-nvshmem-cu12"),
+        "cuda_runtime": torch.version.cuda or "none (CPU-only torch)",
+        "driver": nvml.driver_version() or no_driver,
+        "driver_cuda": nvml.cuda_driver_version() or no_driver,
+        "nccl": _nccl_version() or "none (torch has no NCCL)",
+        "nvshmem": (_dist_version("nvidia-nvshmem-cu13") or _dist_version("nvidia-nvshmem-cu12")
+                    or "none (no nvidia-nvshmem package)"),
     }
 
 

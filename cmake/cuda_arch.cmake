@@ -1,0 +1,39 @@
+# The GPU architectures of a build, decided here and nowhere else.
+# FAST_ULYSSES_CUDA_ARCH=90 (or a comma-separated list, "90,100") picks; unset, it is all four
+# supported ones. The list is recorded in fast_ulysses/_build_info.py (see `fast-ulysses doctor`).
+#
+# Today the extension has no device code: the transport issues copies and stream memory
+# operations only, and there is no .cu file under csrc/. The list is then validated and recorded
+# and costs no build time. The first .cu file switches device code on, below: CUDA is enabled
+# as a language and compiled for every listed architecture (SASS for each, plus PTX of the newest
+# so a later GPU can JIT it).
+set(FAST_ULYSSES_SUPPORTED_ARCHS 80 90 100 120)
+if(DEFINED ENV{FAST_ULYSSES_CUDA_ARCH} AND NOT "$ENV{FAST_ULYSSES_CUDA_ARCH}" STREQUAL "")
+  string(REPLACE "," ";" FAST_ULYSSES_CUDA_ARCHS "$ENV{FAST_ULYSSES_CUDA_ARCH}")
+else()
+  set(FAST_ULYSSES_CUDA_ARCHS ${FAST_ULYSSES_SUPPORTED_ARCHS})
+endif()
+foreach(_arch IN LISTS FAST_ULYSSES_CUDA_ARCHS)
+  if(NOT _arch IN_LIST FAST_ULYSSES_SUPPORTED_ARCHS)
+    message(FATAL_ERROR "FAST_ULYSSES_CUDA_ARCH=$ENV{FAST_ULYSSES_CUDA_ARCH}: ${_arch} is not "
+      "one of the supported architectures ${FAST_ULYSSES_SUPPORTED_ARCHS}")
+  endif()
+endforeach()
+string(REPLACE ";" "," FAST_ULYSSES_CUDA_ARCHS_CSV "${FAST_ULYSSES_CUDA_ARCHS}")
+
+file(GLOB_RECURSE _fast_ulysses_cu_files CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/csrc/*.cu")
+if(_fast_ulysses_cu_files)
+  set(FAST_ULYSSES_DEVICE_CODE ON)
+  set(CMAKE_CUDA_ARCHITECTURES "")
+  foreach(_arch IN LISTS FAST_ULYSSES_CUDA_ARCHS)
+    list(APPEND CMAKE_CUDA_ARCHITECTURES "${_arch}-real")
+  endforeach()
+  list(GET FAST_ULYSSES_CUDA_ARCHS -1 _newest)
+  list(APPEND CMAKE_CUDA_ARCHITECTURES "${_newest}-virtual")
+  enable_language(CUDA)
+  message(STATUS "fast-ulysses: device code for CUDA architectures ${FAST_ULYSSES_CUDA_ARCHS_CSV}")
+else()
+  set(FAST_ULYSSES_DEVICE_CODE OFF)
+  message(STATUS "fast-ulysses: no device code (no .cu file); CUDA architectures "
+    "${FAST_ULYSSES_CUDA_ARCHS_CSV} recorded only")
+endif()
