@@ -64,9 +64,10 @@ if has tests; then
   timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     tests/distributed/a2a_correctness.py --iterations 200 > "$OUT/nccl_p1.log" 2>&1
   echo "NCCL worker P=1 rc=$?"; tail -3 "$OUT/nccl_p1.log"
-  timeout ${TESTS_TIMEOUT:-540} python3 -m pytest tests/gpu -v -rs -p no:cacheprovider -x \
+  timeout ${TESTS_TIMEOUT:-540} python3 -m pytest tests/gpu -v -rs -p no:cacheprovider \
     ${TESTS_K:+-k "$TESTS_K"} > "$OUT/gpu_pytest.log" 2>&1
-  echo "pytest tests/gpu rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_pytest.log" | tail -30
+  echo "pytest tests/gpu rc=$?"; grep -E "FAILED|ERROR|SKIPPED" "$OUT/gpu_pytest.log" | head -30
+  grep -cE "PASSED" "$OUT/gpu_pytest.log"; tail -1 "$OUT/gpu_pytest.log"
 elif has graph; then
   timeout ${GRAPH_TIMEOUT:-400} python3 -m pytest tests/gpu/test_graph_gpu.py -v -rs -p no:cacheprovider \
     ${GRAPH_K:+-k "$GRAPH_K"} > "$OUT/gpu_pytest.log" 2>&1
