@@ -132,6 +132,13 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
   m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
 }
 
+// A CPU tensor reaches the same code, which refuses it with the group's device rule (instead of
+// the dispatcher's "could not run with arguments from the CPU backend").
+TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
+  m.impl("all_to_all_single_4d", &all_to_all_cuda);
+  m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
+}
+
 // These take no tensor: the catch-all kernel serves every dispatch key.
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("create_group", &create_group);

@@ -189,23 +189,24 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   }
   copy_local(plan.copies[rank()], x, owned ? out.view({-1}) : mine);
   profile_.mark(Stage::kOwnShare);
+  // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
+  if (deferred) tag.deferred = true;
   if (!peers) {  // one rank: the own share was the whole call, on C
     profile_.end_call();
     return out;
   }
-  record_stream(x, comm_, device_.index());
   if (deferred) {
-    tag.deferred = true;  // barrier() closes it and joins M into the caller
+    // M reads x until barrier() joins it into C: x's memory must not be reused before then.
+    // (Otherwise C waits for M before this returns, which orders any reuse of x or of `out`
+    // after M's last use of them: no recordStream needed.)
+    record_stream(x, comm_, device_.index());
     profile_.mark(Stage::kFinish);
     profile_.end_call();
     return out;
   }
   close(tag.slot);
   profile_.mark(Stage::kClose);
-  if (owned) {
-    finish_owned(out, plan, window, tag.slot);
-    record_stream(out, comm_, device_.index());
-  }
+  if (owned) finish_owned(out, plan, window, tag.slot);
   join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
               tag.calls, in_capture);
   profile_.mark(Stage::kFinish);
