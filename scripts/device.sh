@@ -8,8 +8,8 @@
 #   tests   tests/gpu (the shared-GPU worker at P = 1..8, torch.compile) and the NCCL worker at P = 1
 #   graph   the CUDA-graph suite alone (tests/gpu/test_graph_gpu.py), when `tests` is not run;
 #           GRAPH_K selects with pytest -k (e.g. GRAPH_K="5 or 8")
-#   quick   Wan 720p host cost and device time at P = 1, 2, 8 (benchmarks/quick_wan.py), then
-#           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at P = 1 and 8, and P = 8 with
+#   quick   Wan 720p host cost and device time at QUICK_P (default 1 2 8; benchmarks/quick_wan.py), then
+#           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8 with
 #           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
@@ -40,7 +40,7 @@ quick_one() {  # $1: label, $2: P; extra environment from the caller
   echo "$1 P=$2 rc=$?"; grep -E "^Wan|call|stage" "$OUT/quick_$1_p$2.log" | tail -7
 }
 quick() {  # $1: label; quick_wan at P = 1, 2, 8 ranks sharing the GPU
-  for P in 1 2 8; do quick_one "$1" $P; done
+  for P in ${QUICK_P:-1 2 8}; do quick_one "$1" $P; done
 }
 build_old() {
   [ -d /tmp/old/fast_ulysses ] && return 0
@@ -75,8 +75,8 @@ elif has graph; then
 fi
 if has quick; then
   quick after
-  for P in 1 8; do FAST_ULYSSES_HOST_PROFILE=1 quick_one profile $P; done
-  FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
+  for P in ${PROFILE_P:-1 8}; do FAST_ULYSSES_HOST_PROFILE=1 quick_one profile $P; done
+  FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
 fi
 if has doctor; then
   python3 -m fast_ulysses.cli.doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"; tail -12 "$OUT/doctor.txt"

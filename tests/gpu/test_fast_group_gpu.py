@@ -5,6 +5,7 @@ visible."""
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -19,10 +20,12 @@ from multirank import launch
 WORKER = Path(a2a_correctness.__file__)
 NPROCS = (1, 2, 3, 4, 5, 8)
 TIMEOUT_S = 480  # bounds a hang; every P should take well under it
+# Back-to-back calls per P (FAST_ULYSSES_GPU_ITERATIONS: fewer for a quick run on a time budget).
+ITERATIONS = os.environ.get("FAST_ULYSSES_GPU_ITERATIONS", "1000")
 
 
 def a2a(shared_gpu_runs, nproc):
-    return shared_gpu_runs(WORKER, nproc, "--iterations", "1000", timeout=TIMEOUT_S)
+    return shared_gpu_runs(WORKER, nproc, "--iterations", ITERATIONS, timeout=TIMEOUT_S)
 
 
 @needs_gpu
