@@ -76,7 +76,7 @@ fi
 if has quick; then
   quick after
   for P in ${PROFILE_P:-1 8}; do FAST_ULYSSES_HOST_PROFILE=1 quick_one profile $P; done
-  FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
+  [ "${NOBATCH:-1}" = 1 ] && FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
 fi
 if has doctor; then
   python3 -m fast_ulysses.cli.doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"; tail -12 "$OUT/doctor.txt"
