@@ -16,7 +16,7 @@ from .api import as_mode
 
 LAYOUTS = ("bshd", "sbhd")
 
-# The dtype names plan() and simulate() take besides a torch.dtype: short and torch spellings.
+# The dtype names plan() and CallSpec take besides a torch.dtype: short and torch spellings.
 DTYPE_NAMES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
