@@ -9,9 +9,10 @@ GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 
 from ._version import __version__
 from ._ops import cuda_available, cuda_load_error
+from .api import Mode, UlyssesGroupLike
 from .factory import make_group
 from .group import UlyssesGroup
-from .plan import CopyDescriptor, Plan, plan, simulate
+from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
 from .torch_group import TorchUlyssesGroup
 from .validation import CallSpec
 
@@ -19,6 +20,8 @@ __all__ = [
     "__version__",
     "CallSpec",
     "CopyDescriptor",
+    "DTYPE_NAMES",
+    "Mode",
     "Plan",
     "cuda_available",
     "cuda_load_error",
@@ -27,4 +30,5 @@ __all__ = [
     "simulate",
     "TorchUlyssesGroup",
     "UlyssesGroup",
+    "UlyssesGroupLike",
 ]

@@ -11,14 +11,11 @@ import torch
 import torch.distributed as dist
 
 from ._ops import cuda_load_error, ops
+from .api import as_mode, check_tag, group_repr
+from .debug import DEBUG_ENV, check_agreement, debug_enabled  # noqa: F401 (DEBUG_ENV: re-export)
 from .topology import SHARED_GPU_ENV
 
-DEBUG_ENV = "FAST_ULYSSES_DEBUG"
 _warned_shared_gpu = False
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no")
 
 
 class UlyssesGroup:
@@ -41,6 +38,8 @@ class UlyssesGroup:
 
     fallback = False
     fallback_reason = ""
+    rank: int
+    world_size: int
 
     def __init__(self, process_group: dist.ProcessGroup | None = None,
                  initial_pool_bytes: int = 0, *, device: torch.device | int | str | None = None,
@@ -65,7 +64,7 @@ class UlyssesGroup:
             raise ValueError(f"device={device}: UlyssesGroup needs a CUDA device")
         self.device = torch.device("cuda", device.index if device.index is not None
                                    else torch.cuda.current_device())
-        self._debug = _env_flag(DEBUG_ENV)
+        self._debug = debug_enabled()
         self._calls = 0
         self._destroyed = False
         _check_peers(self.process_group, self.device, topology)
@@ -91,7 +90,7 @@ class UlyssesGroup:
             side stream.
         """
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        return ops.all_to_all_single_4d(x, mode, tag, self.group_name, _list(seq_splits),
+        return ops.all_to_all_single_4d(x, as_mode(mode), tag, self.group_name, _list(seq_splits),
                                         _list(head_splits), layout, self.rank)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
@@ -114,7 +113,7 @@ class UlyssesGroup:
                                              head_splits=head_splits, layout=layout)
         self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
                           head_splits, layout, barrier)
-        return ops.all_to_all_single_4d_borrowed(x, mode, tag, self.group_name,
+        return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
                                                  _list(seq_splits), _list(head_splits), layout,
                                                  bool(barrier), self.rank)
 
@@ -166,6 +165,10 @@ class UlyssesGroup:
         ops.destroy_group(self.group_name)
         self._destroyed = True
 
+    def __repr__(self) -> str:
+        return group_repr("UlyssesGroup", self.rank, self.world_size, False, device=self.device,
+                          destroyed=self._destroyed)
+
     # -- checks ----------------------------------------------------------------------------
 
     def _check_live(self) -> None:
@@ -175,9 +178,13 @@ class UlyssesGroup:
     def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
         self._check_live()
         if self._debug:  # every rank learns of every rank's problem: all raise, none waits
-            self._check_agreement(name, x, mode, tag, seq_splits, head_splits, layout, extra)
+            self._calls += 1
+            check_agreement(self.process_group, self.rank, self.world_size, self._calls, name,
+                            x, mode, tag, seq_splits, head_splits, layout, extra,
+                            check_device=lambda t: self._check_tensor(t, device=True))
         else:
             self._check_tensor(x)
+            check_tag(tag)
 
     def _check_tensor(self, x, *, device: bool = False) -> None:
         # The op checks the rest itself (device, shape, dtype), in C++; the debug path checks
@@ -187,38 +194,6 @@ class UlyssesGroup:
         if device and x.device != self.device:
             raise ValueError(f"x is on {x.device} but the group is on {self.device}: inputs "
                              "must be on the group's device")
-
-    def _check_agreement(self, name, x, mode, tag, seq_splits, head_splits, layout, extra):
-        """FAST_ULYSSES_DEBUG=1: before anything is sent, every rank gathers every rank's call
-        (one all_gather_object: a debugging aid, not for speed) and all of them raise, naming
-        both calls, if any rank's call is invalid or differs from the others'."""
-        self._calls += 1
-        call = (f"{name}(x={tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}, "
-                f"mode={mode}, tag={tag!r}, seq_splits={_list(seq_splits)}, "
-                f"head_splits={_list(head_splits)}, layout={layout!r}"
-                f"{''.join(f', {e!r}' for e in extra)})")
-        key, error = None, ""
-        try:
-            self._check_tensor(x, device=True)
-            # Shapes legitimately differ across ranks with uneven splits; the resolved splits
-            # and the window size must agree.
-            from .plan import plan
-            p = plan(self.world_size, self.rank, mode, x.shape, x.dtype, seq_splits=seq_splits,
-                     head_splits=head_splits, layout=layout)
-            key = (name, mode, tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
-                   p.window_bytes, extra)
-        except ValueError as exc:
-            error = str(exc)
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, (key, call, error), group=self.process_group)
-        for peer, (_, peer_call, peer_error) in enumerate(gathered):
-            if peer_error:
-                raise ValueError(f"call #{self._calls}: rank {peer} called {peer_call}, which is "
-                                 f"invalid: {peer_error}")
-        for peer, (peer_key, peer_call, _) in enumerate(gathered):
-            if peer_key != key:
-                raise ValueError(f"call #{self._calls} differs across ranks: rank {self.rank} "
-                                 f"called {call} but rank {peer} called {peer_call}")
 
 
 def _list(values):

@@ -12,8 +12,34 @@ from typing import Sequence
 import torch
 
 from ._ops import ops
+from .api import as_mode
 
 LAYOUTS = ("bshd", "sbhd")
+
+# The dtype names plan() and CallSpec take besides a torch.dtype: short and torch spellings.
+DTYPE_NAMES = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2, "float8_e5m2": torch.float8_e5m2,
+    "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32,
+}
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    """A torch.dtype, or one of DTYPE_NAMES, as a torch.dtype.
+
+    Raises:
+        ValueError naming the accepted names for an unknown string, or for anything else that
+        is not a torch.dtype.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    raise ValueError(f"dtype is {dtype!r}: it must be a torch.dtype or one of "
+                     f"{', '.join(sorted(DTYPE_NAMES))}")
 
 
 @dataclass(frozen=True)
@@ -69,9 +95,9 @@ class Plan(list):
 
 
 def _element_size(dtype) -> int:
-    if isinstance(dtype, int):
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
         return dtype
-    return torch.empty((), dtype=dtype).element_size()
+    return torch.empty((), dtype=resolve_dtype(dtype)).element_size()
 
 
 def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
@@ -82,9 +108,11 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
     Arguments:
         world_size: ranks in the group (1..8).
         rank: this rank.
-        mode: 0 (b, s_local, N, d) -> (b, S, h_local, d); 1 the inverse.
+        mode: 0 / Mode.SEQ_TO_HEAD (b, s_local, N, d) -> (b, S, h_local, d); 1 /
+            Mode.HEAD_TO_SEQ the inverse.
         shape: this rank's input shape, in `layout` order.
-        dtype: a torch dtype (or an element size in bytes).
+        dtype: a torch dtype, a name from DTYPE_NAMES ("bf16", "float8_e4m3fn", ...), or an
+            element size in bytes.
         seq_splits, head_splits: per-rank rows / heads; None means even.
         layout: "bshd" or "sbhd".
 
@@ -94,6 +122,7 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
     Raises:
         ValueError naming the argument, the value and the rule it breaks.
     """
+    mode = as_mode(mode)
     element_size = _element_size(dtype)
     rows, output_shape, seq, heads, window_bytes = ops.plan(
         world_size, rank, mode, list(shape), element_size,
@@ -110,7 +139,8 @@ def simulate(inputs: Sequence[torch.Tensor], mode: int, *,
              layout: str = "bshd") -> list[torch.Tensor]:
     """Runs every rank's plan on CPU memory and returns every rank's output.
 
-    `inputs[r]` is rank r's input (any device; it is copied to the CPU). Each rank's plan is
+    `inputs[r]` is rank r's input (any device; it is copied to the CPU); `mode` is 0, 1 or a
+    `Mode`. Each rank's plan is
     executed with memcpy into per-rank windows of `window_bytes`, exactly the addressing the GPU
     transport issues, and output r is read from the start of window r.
     """

@@ -10,7 +10,8 @@ Every chunk travels in the order "cat first, then the other dimensions in layout
 the receive buffer is the output with `cat` moved to the front: a regular tensor whatever the
 splits. The sender copies its chunks into that order (one pass over x); the receiver permutes
 back (one pass), and skips even that where the permuted view is already contiguous (sbhd mode 0,
-or bshd mode 0 with b == 1), returning the functional collective's AsyncCollectiveTensor as is.
+or bshd mode 0 with b == 1). Either way the result has waited for the collective (on NCCL a
+stream wait, not a host block), so a result that is never used leaves no unwaited work behind.
 Bytes travel as uint8, so every 1-, 2- and 4-byte dtype is moved bit for bit.
 """
 
@@ -22,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from .api import check_tag, group_repr
+from .debug import check_agreement, debug_enabled
 from .plan import Plan
 from .validation import plan_call, window_bytes_by_tag
 
@@ -42,9 +45,15 @@ class TorchUlyssesGroup:
         fallback_reason: why it was chosen ("requested" unless `make_group` says otherwise).
         rank, world_size: this rank in the group and the group's size.
         process_group: the group the collectives run on.
+
+    With FAST_ULYSSES_DEBUG=1 set when the group is built, every call is first checked against
+    every rank's (`fast_ulysses.debug.check_agreement`), as on `UlyssesGroup`.
     """
 
     fallback = True
+    rank: int
+    world_size: int
+    fallback_reason: str
 
     def __init__(self, process_group=None, initial_pool_bytes: int = 0):
         if process_group is None:
@@ -61,6 +70,9 @@ class TorchUlyssesGroup:
         self.initial_pool_bytes = initial_pool_bytes
         self.fallback_reason = "requested"
         self._destroyed = False
+        self._debug = debug_enabled()
+        self._calls = 0
+        self._tags: set[str] = set()
 
     def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *, seq_splits=None,
                              head_splits=None, layout: str = "bshd") -> torch.Tensor:
@@ -69,33 +81,32 @@ class TorchUlyssesGroup:
         Arguments:
             x: this rank's input, 4-d contiguous, in `layout` order: mode 0
                 (b, seq_splits[r], N, d), mode 1 (b, S, head_splits[r], d) (bshd).
-            mode: 0 (sequence -> heads) or 1 (heads -> sequence).
-            tag: the call's window name; only checked to be a str here.
+            mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ.
+            tag: the call's window name, a non-empty str (there is no window here).
             seq_splits, head_splits: per-rank rows / heads; None means even.
             layout: "bshd" or "sbhd".
 
         Returns:
-            A new contiguous tensor of the plan's output shape: an AsyncCollectiveTensor where
-            no relayout follows the collective, else a plain tensor that waited for it (on NCCL
-            a stream wait, not a host block).
+            A new contiguous plain tensor of the plan's output shape that the caller owns,
+            ready in the current stream's order (it has waited for the collective: on NCCL a
+            stream wait, not a host block), as with `dist.all_to_all_single`.
 
         Raises:
-            ValueError with the plan's message for a bad shape, split, mode or layout, or the
-            fast path's message for a bad tensor; RuntimeError after `destroy()`.
+            ValueError with the plan's message for a bad shape, split, mode or layout, the
+            fast path's message for a bad tensor, or the tag rule's; with FAST_ULYSSES_DEBUG=1,
+            on every rank when any rank's call is invalid or differs. RuntimeError after
+            `destroy()`.
         """
-        self._check_alive()
-        _check_tag(tag)
-        p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
-                      head_splits=head_splits, layout=layout)
-        return _exchange(x, p, self.process_group)
+        return self._call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits=None, head_splits=None, layout: str = "bshd",
                                       barrier: bool = True) -> torch.Tensor:
         """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
-        `barrier` changes nothing. Arguments, returns and raises as `all_to_all_single_4d`."""
-        return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
-                                         head_splits=head_splits, layout=layout)
+        `barrier` changes nothing (FAST_ULYSSES_DEBUG=1 still checks that every rank passes
+        the same). Arguments, returns and raises as `all_to_all_single_4d`."""
+        return self._call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits, head_splits,
+                          layout, bool(barrier))
 
     def barrier(self) -> None:
         """The closing handshake of borrowed calls made with barrier=False: a no-op here."""
@@ -114,23 +125,39 @@ class TorchUlyssesGroup:
         self._check_alive()
         window_bytes_by_tag(calls, self.world_size, self.rank)
 
+    def stats(self) -> dict:
+        """`UlyssesGroup.stats()`'s keys, for code that reads either group. There is no window
+        pool here, so `pool_bytes`, `used_bytes` and `segments` are 0, `sealed` is False
+        (`reserve()` only validates) and `deferred` is 0 (no call is ever deferred); `tags` is
+        the number of distinct tags called so far, as on UlyssesGroup."""
+        self._check_alive()
+        return {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
+                "tags": len(self._tags), "deferred": 0}
+
     def destroy(self) -> None:
         """Ends the group's use; later calls raise RuntimeError. Calling it again is a no-op."""
         self._destroyed = True
 
     def __repr__(self) -> str:
-        state = "destroyed" if self._destroyed else f"rank {self.rank} of {self.world_size}"
-        return f"TorchUlyssesGroup({state}, fallback_reason={self.fallback_reason!r})"
+        return group_repr("TorchUlyssesGroup", self.rank, self.world_size, True,
+                          reason=self.fallback_reason, destroyed=self._destroyed)
+
+    def _call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
+        self._check_alive()
+        if self._debug:  # every rank learns of every rank's problem: all raise, none waits
+            self._calls += 1
+            check_agreement(self.process_group, self.rank, self.world_size, self._calls, name,
+                            x, mode, tag, seq_splits, head_splits, layout, extra)
+        check_tag(tag)
+        p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
+                      head_splits=head_splits, layout=layout)
+        self._tags.add(tag)
+        return _exchange(x, p, self.process_group)
 
     def _check_alive(self) -> None:
         if self._destroyed:
             raise RuntimeError("this TorchUlyssesGroup was destroyed: build a new group with "
                                "fast_ulysses.make_group")
-
-
-def _check_tag(tag) -> None:
-    if not isinstance(tag, str):
-        raise ValueError(f"tag is {tag!r}: it must be a str")
 
 
 def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
@@ -160,6 +187,10 @@ def _exchange(x: torch.Tensor, p: Plan, group) -> torch.Tensor:
     row = math.prod(out_c[1:]) * es  # bytes of one cat-dimension slice
     out_bytes = [count * row for count in recv_splits]
     recv = funcol.all_to_all_single(send.view(torch.uint8), out_bytes, in_bytes, group)
+    if isinstance(recv, funcol.AsyncCollectiveTensor):
+        # Wait now (a stream wait on NCCL): an AsyncCollectiveTensor that is never used would
+        # leave its work unwaited, and torch warns about that at exit.
+        recv = recv.wait()
     out = recv.view(x.dtype).view(out_c).permute(_inverse(order))
     return out if out.is_contiguous() else out.contiguous()
 

@@ -16,7 +16,8 @@ from typing import Iterable
 
 import torch
 
-from .plan import Plan, plan
+from .api import check_tag
+from .plan import Plan, plan, resolve_dtype
 
 
 def check_input(x: torch.Tensor) -> int:
@@ -76,15 +77,15 @@ class CallSpec:
 
     Arguments:
         shape: this rank's input shape, in `layout` order.
-        dtype: the input's torch dtype.
-        mode: 0 (sequence -> heads) or 1 (heads -> sequence).
-        tag: the window the call uses; calls with one tag share one window.
+        dtype: the input's torch dtype, or its name as `fast_ulysses.plan` takes it ("bf16").
+        mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ (the inverse).
+        tag: the window the call uses, a non-empty str; calls with one tag share one window.
         seq_splits, head_splits: per-rank rows / heads, None for even.
         layout: "bshd" or "sbhd".
     """
 
     shape: tuple
-    dtype: torch.dtype
+    dtype: torch.dtype | str
     mode: int
     tag: str
     seq_splits: tuple | None = None
@@ -111,11 +112,14 @@ def window_bytes_by_tag(calls: Iterable[CallSpec], world_size: int, rank: int) -
         if not isinstance(call, CallSpec):
             raise ValueError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
                              "fast_ulysses.CallSpec values")
-        if not isinstance(call.tag, str) or not call.tag:
-            raise ValueError(f"calls[{index}] has tag {call.tag!r}: a tag is a non-empty str")
         try:
-            check_input(torch.empty(0, 0, 0, 0, dtype=call.dtype, device="meta"))
-            p = plan(world_size, rank, call.mode, tuple(call.shape), call.dtype,
+            check_tag(call.tag)
+        except ValueError as error:
+            raise ValueError(f"calls[{index}]: {error}") from error
+        try:
+            dtype = resolve_dtype(call.dtype)
+            check_input(torch.empty(0, 0, 0, 0, dtype=dtype, device="meta"))
+            p = plan(world_size, rank, call.mode, tuple(call.shape), dtype,
                      seq_splits=call.seq_splits, head_splits=call.head_splits,
                      layout=call.layout)
         except (ValueError, TypeError) as error:

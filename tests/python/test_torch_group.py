@@ -72,13 +72,16 @@ def test_other_dtypes_are_bit_exact(world1, dtype, d):
         assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
 
 
-def test_results_stay_async_where_no_relayout_follows(world1):
+@pytest.mark.parametrize("layout,shape", [("sbhd", (3, 2, 4, 8)), ("bshd", (1, 3, 4, 8)),
+                                          ("bshd", (2, 3, 4, 8))])
+def test_results_are_plain_waited_tensors(world1, layout, shape):
+    """No AsyncCollectiveTensor comes back, even where no relayout follows the collective
+    (sbhd mode 0, bshd mode 0 with b == 1): the result has waited, like UlyssesGroup's."""
     group = TorchUlyssesGroup(world1)
-    sbhd = group.all_to_all_single_4d(torch.ones(3, 2, 4, 8), 0, "t", layout="sbhd")
-    assert isinstance(sbhd, funcol.AsyncCollectiveTensor) and sbhd.is_contiguous()
-    bshd = group.all_to_all_single_4d(torch.ones(2, 3, 4, 8), 0, "t")
-    assert bshd.is_contiguous() and tuple(bshd.shape) == (2, 3, 4, 8)
-    assert torch.equal(sbhd.wait(), torch.ones(3, 2, 4, 8))
+    for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
+        out = entry(torch.ones(shape), 0, "t", layout=layout)
+        assert not isinstance(out, funcol.AsyncCollectiveTensor), type(out)
+        assert out.is_contiguous() and torch.equal(out, torch.ones(shape))
 
 
 def test_group_attributes_and_lifetime(world1):
@@ -117,7 +120,9 @@ def test_window_bytes_by_tag_is_the_largest_plan_per_tag():
 @pytest.mark.parametrize("call,message", [
     (CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q"), r"calls\[0\] \(tag 'q'\): .*divide"),
     (CallSpec((1, 6, 8, 128), torch.float64, 0, "q"), r"calls\[0\] .*element size"),
-    (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, ""), r"calls\[0\] has tag ''"),
+    (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, ""), r"calls\[0\]: tag is '': a tag must"),
+    (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, 7), r"calls\[0\]: tag is 7: a tag must"),
+    (CallSpec((1, 6, 8, 128), "bf17", 0, "q"), r"calls\[0\] .*dtype is 'bf17'.*bf16"),
     ((1, 6, 8, 128), r"calls\[0\] is a tuple"),
 ])
 def test_window_bytes_by_tag_rejects_bad_calls(call, message):

@@ -1,0 +1,87 @@
+"""What both groups share: `Mode`, the `UlyssesGroupLike` protocol, the mode and tag rules, and
+the shape of a group's repr.
+
+Nothing here imports the plan or torch.distributed, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+class Mode(enum.IntEnum):
+    """The direction of an all-to-all. Plain ints (0, 1) are accepted wherever a Mode is."""
+
+    SEQ_TO_HEAD = 0  # (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d)
+    HEAD_TO_SEQ = 1  # the inverse
+
+
+def as_mode(mode) -> int:
+    """`mode` as the plain int the ops take (a `Mode` or any int; the plan checks its range).
+
+    Raises:
+        ValueError if mode is not an int (a bool is not one here).
+    """
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        return int(mode)
+    raise ValueError(f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 "
+                     "(Mode.HEAD_TO_SEQ)")
+
+
+def check_tag(tag) -> str:
+    """The tag rule of every entry point and of `CallSpec`: a non-empty str.
+
+    Raises:
+        ValueError naming the tag.
+    """
+    if not isinstance(tag, str) or not tag:
+        raise ValueError(f"tag is {tag!r}: a tag must be a non-empty str")
+    return tag
+
+
+def group_repr(cls_name: str, rank: int, world_size: int, fallback: bool, *,
+               device=None, reason: str = "", destroyed: bool = False) -> str:
+    """One repr shape for both groups, e.g.
+    `TorchUlyssesGroup(rank=1, world_size=4, fallback=True, reason='requested')` and
+    `UlyssesGroup(rank=0, world_size=8, device=cuda:0, fallback=False)`."""
+    parts = [f"rank={rank}", f"world_size={world_size}"]
+    if device is not None:
+        parts.append(f"device={device}")
+    parts.append(f"fallback={fallback}")
+    if fallback:
+        parts.append(f"reason={reason!r}")
+    if destroyed:
+        parts.append("destroyed=True")
+    return f"{cls_name}({', '.join(parts)})"
+
+
+@runtime_checkable
+class UlyssesGroupLike(Protocol):
+    """What `make_group` returns: `UlyssesGroup` and `TorchUlyssesGroup` both satisfy it."""
+
+    rank: int
+    world_size: int
+    fallback: bool
+    fallback_reason: str
+
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *,
+                             seq_splits: Sequence[int] | None = None,
+                             head_splits: Sequence[int] | None = None,
+                             layout: str = "bshd") -> torch.Tensor: ...
+
+    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
+                                      seq_splits: Sequence[int] | None = None,
+                                      head_splits: Sequence[int] | None = None,
+                                      layout: str = "bshd",
+                                      barrier: bool = True) -> torch.Tensor: ...
+
+    def barrier(self) -> None: ...
+
+    def reserve(self, calls: Iterable) -> None: ...
+
+    def stats(self) -> dict: ...
+
+    def destroy(self) -> None: ...

@@ -1,0 +1,80 @@
+"""FAST_ULYSSES_DEBUG=1: every rank checks every call against every other rank's, before
+anything is sent. One function, `check_agreement`, called by both groups."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch.distributed as dist
+
+from .api import as_mode, check_tag
+from .validation import plan_call
+
+DEBUG_ENV = "FAST_ULYSSES_DEBUG"
+
+
+def env_flag(name: str) -> bool:
+    """True when the variable is set to anything but "", "0", "false" or "no"."""
+    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no")
+
+
+def debug_enabled() -> bool:
+    """FAST_ULYSSES_DEBUG, read when a group is built."""
+    return env_flag(DEBUG_ENV)
+
+
+def describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra=()) -> str:
+    """One call as the debug messages name it."""
+    shown_mode = int(mode) if isinstance(mode, int) else repr(mode)
+    return (f"{name}(x={tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}, "
+            f"mode={shown_mode}, tag={tag!r}, seq_splits={_list(seq_splits)}, "
+            f"head_splits={_list(head_splits)}, layout={layout!r}"
+            f"{''.join(f', {e!r}' for e in extra)})")
+
+
+def check_agreement(process_group, rank: int, world_size: int, index: int, name: str, x, mode,
+                    tag, seq_splits, head_splits, layout, extra=(), *,
+                    check_device: Callable | None = None) -> None:
+    """Gathers every rank's call number `index` (one all_gather_object: a debugging aid, not
+    for speed) and raises ValueError on every rank, naming both calls, if any rank's call is
+    invalid or differs from the others'.
+
+    Arguments:
+        process_group, rank, world_size: the group's.
+        index: the call's number on this group (1 for the first).
+        name: the entry point; x, mode, tag, seq_splits, head_splits, layout: its arguments;
+            extra: its other arguments (borrowed: barrier), which must agree too.
+        check_device: the group's device rule for x (raises ValueError), or None.
+    """
+    call = describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra)
+    key, error = None, ""
+    try:
+        check_tag(tag)
+        if check_device is not None:
+            check_device(x)
+        # Shapes legitimately differ across ranks with uneven splits; the resolved splits and
+        # the window size must agree.
+        p = plan_call(x, world_size, rank, mode, seq_splits=seq_splits, head_splits=head_splits,
+                      layout=layout)
+        key = (name, as_mode(mode), tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
+               p.window_bytes, tuple(extra))
+    except ValueError as exc:
+        error = str(exc)
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, (key, call, error), group=process_group)
+    for peer, (_, peer_call, peer_error) in enumerate(gathered):
+        if peer_error:
+            raise ValueError(f"call #{index}: rank {peer} called {peer_call}, which is "
+                             f"invalid: {peer_error}")
+    for peer, (peer_key, peer_call, _) in enumerate(gathered):
+        if peer_key != key:
+            raise ValueError(f"call #{index} differs across ranks: rank {rank} called {call} "
+                             f"but rank {peer} called {peer_call}")
+
+
+def _list(values):
+    try:
+        return None if values is None else [int(v) for v in values]
+    except (TypeError, ValueError):
+        return values

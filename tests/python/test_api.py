@@ -1,0 +1,211 @@
+"""The API both groups share (fast_ulysses.api): Mode, the UlyssesGroupLike protocol, the tag
+and mode rules, repr and stats, dtype names in plan(); UlyssesGroup's Python side is exercised
+without a GPU by replacing the ops it calls with a recorder."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import fast_ulysses as fu
+from fast_ulysses import group as group_module
+from fast_ulysses.api import UlyssesGroupLike, as_mode, check_tag
+from fast_ulysses.group import UlyssesGroup
+from fast_ulysses.torch_group import TorchUlyssesGroup
+from fast_ulysses.validation import CallSpec
+
+
+def protocol_members():
+    """(method names, attribute names) UlyssesGroupLike declares."""
+    methods = [n for n, v in vars(UlyssesGroupLike).items()
+               if inspect.isfunction(v) and not n.startswith("_")]
+    return methods, list(UlyssesGroupLike.__annotations__)
+
+
+class RecordingOps:
+    """Stands in for torch.ops.fast_ulysses in group.py: records each call's arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def all_to_all_single_4d(self, *args):
+        self.calls.append(("all_to_all_single_4d", args))
+        return args[0]
+
+    def all_to_all_single_4d_borrowed(self, *args):
+        self.calls.append(("all_to_all_single_4d_borrowed", args))
+        return args[0]
+
+    def group_stats(self, group_name):
+        return [0, 0, 0, 0, 0, 0]
+
+
+@pytest.fixture
+def fast_group(monkeypatch, world1):
+    """A UlyssesGroup on the one-rank gloo world whose ops are a RecordingOps, built without
+    __init__ (which needs a GPU); its device is the CPU so that its tensor checks pass."""
+    recorder = RecordingOps()
+    monkeypatch.setattr(group_module, "ops", recorder)
+    g = object.__new__(UlyssesGroup)
+    g.process_group, g.group_name = world1, world1.group_name
+    g.rank, g.world_size, g.device = 0, 1, torch.device("cpu")
+    g._debug, g._calls, g._destroyed = False, 0, False
+    g.recorder = recorder
+    return g
+
+
+def test_mode_values():
+    assert (fu.Mode.SEQ_TO_HEAD, fu.Mode.HEAD_TO_SEQ) == (0, 1)
+    assert [type(as_mode(m)) for m in (fu.Mode.HEAD_TO_SEQ, 1)] == [int, int]
+
+
+@pytest.mark.parametrize("mode", ["0", 0.0, None, True])
+def test_mode_that_is_not_an_int_is_refused(mode):
+    with pytest.raises(ValueError, match=r"^mode is .*: it must be an int, 0 \(Mode.SEQ_TO_HEAD"):
+        fu.plan(2, 0, mode, (1, 4, 2, 8), torch.float16)
+
+
+def test_plan_and_simulate_take_a_mode():
+    p = fu.plan(2, 0, fu.Mode.HEAD_TO_SEQ, (1, 4, 1, 8), torch.float16)
+    assert p == fu.plan(2, 0, 1, (1, 4, 1, 8), torch.float16) and type(p.mode) is int
+    xs = [torch.randn(1, 2, 2, 8) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(fu.simulate(xs, fu.Mode.SEQ_TO_HEAD),
+                                                 fu.simulate(xs, 0)))
+
+
+def test_the_op_takes_a_mode(world1):
+    x = torch.zeros(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
+    out = torch.ops.fast_ulysses.all_to_all_single_4d(x, fu.Mode.HEAD_TO_SEQ, "t",
+                                                      world1.group_name)
+    assert tuple(out.shape) == (1, 6, 4, 8)
+
+
+def test_torch_group_takes_a_mode(world1):
+    x = torch.randn(2, 3, 4, 8)
+    got = TorchUlyssesGroup(world1).all_to_all_single_4d(x, fu.Mode.SEQ_TO_HEAD, "t")
+    assert torch.equal(got, fu.simulate([x], 0)[0])
+
+
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("entry", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed"])
+def test_fast_group_passes_a_plain_int_mode_to_the_op(fast_group, entry, debug):
+    fast_group._debug = debug
+    x = torch.zeros(1, 2, 2, 8)
+    getattr(fast_group, entry)(x, fu.Mode.HEAD_TO_SEQ, "t")
+    (name, args), = fast_group.recorder.calls
+    assert name == entry and args[1] == 1 and type(args[1]) is int
+
+
+@pytest.mark.parametrize("name", sorted(fu.DTYPE_NAMES))
+def test_plan_takes_dtype_names(name):
+    by_name = fu.plan(2, 0, 0, (1, 4, 2, 16), name)
+    by_dtype = fu.plan(2, 0, 0, (1, 4, 2, 16), fu.DTYPE_NAMES[name])
+    assert by_name == by_dtype and by_name.element_size == by_dtype.element_size
+
+
+def test_dtype_names_cover_the_usual_spellings():
+    want = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32,
+            "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
+            "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8, "uint8": torch.uint8}
+    assert {k: fu.DTYPE_NAMES.get(k) for k in want} == want
+
+
+@pytest.mark.parametrize("dtype", ["bf17", "torch.bfloat16", None])
+def test_unknown_dtype_lists_the_names(dtype):
+    with pytest.raises(ValueError) as info:
+        fu.plan(2, 0, 0, (1, 4, 2, 16), dtype)
+    assert f"dtype is {dtype!r}" in str(info.value)
+    assert all(name in str(info.value) for name in fu.DTYPE_NAMES)
+
+
+def test_call_spec_takes_dtype_names(world1):
+    TorchUlyssesGroup(world1).reserve([CallSpec((1, 6, 8, 16), "fp8_e4m3", fu.Mode(0), "q")])
+
+
+def tag_rule_message(tag) -> str:
+    with pytest.raises(ValueError) as info:
+        check_tag(tag)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("tag", ["", 3, None, b"q"])
+def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
+    want = tag_rule_message(tag)
+    assert want == f"tag is {tag!r}: a tag must be a non-empty str"
+    x = torch.zeros(1, 2, 2, 8)
+    torch_group = TorchUlyssesGroup(world1)
+    for group in (torch_group, fast_group):
+        for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
+            with pytest.raises(ValueError) as info:
+                entry(x, 0, tag)
+            assert str(info.value) == want, entry
+    with pytest.raises(ValueError) as info:
+        torch_group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, tag)])
+    assert str(info.value) == f"calls[0]: {want}"
+    assert fast_group.recorder.calls == []  # nothing reached the op
+
+
+def test_fast_group_debug_refuses_an_input_on_another_device(fast_group):
+    fast_group._debug = True
+    fast_group.device = torch.device("cuda", 0)
+    with pytest.raises(ValueError) as info:
+        fast_group.all_to_all_single_4d(torch.zeros(1, 2, 2, 8), 0, "q")
+    assert str(info.value).startswith("call #1: rank 0 called all_to_all_single_4d(x=(1, 2, 2, 8)")
+    assert "which is invalid: x is on cpu but the group is on cuda:0" in str(info.value)
+    assert fast_group.recorder.calls == []
+
+
+def test_torch_group_satisfies_the_protocol(world1):
+    assert isinstance(TorchUlyssesGroup(world1), UlyssesGroupLike)
+
+
+@pytest.mark.parametrize("cls", [UlyssesGroup, TorchUlyssesGroup])
+def test_both_group_classes_have_every_protocol_member(cls):
+    methods, attributes = protocol_members()
+    assert set(methods) == {"all_to_all_single_4d", "all_to_all_single_4d_borrowed", "barrier",
+                            "reserve", "stats", "destroy"}
+    assert set(attributes) == {"rank", "world_size", "fallback", "fallback_reason"}
+    for name in methods:
+        want = inspect.signature(getattr(UlyssesGroupLike, name)).parameters
+        got = inspect.signature(getattr(cls, name)).parameters
+        assert [(p.name, p.kind) for p in got.values()] == \
+            [(p.name, p.kind) for p in want.values()], name
+    for name in attributes:
+        assert name in vars(cls) or name in cls.__annotations__, name
+
+
+def test_reprs_have_one_shape(world1, fast_group):
+    torch_group = TorchUlyssesGroup(world1)
+    assert repr(torch_group) == \
+        "TorchUlyssesGroup(rank=0, world_size=1, fallback=True, reason='requested')"
+    torch_group.destroy()
+    assert repr(torch_group).endswith("reason='requested', destroyed=True)")
+    fast_group.device = torch.device("cuda", 0)
+    assert repr(fast_group) == "UlyssesGroup(rank=0, world_size=1, device=cuda:0, fallback=False)"
+
+
+def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
+    group = TorchUlyssesGroup(world1)
+    assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
+                             "tags": 0, "deferred": 0}
+    assert list(group.stats()) == list(fast_group.stats())
+    for tag in ("q", "k", "q"):
+        group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, tag, barrier=False)
+    group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, "v")])
+    assert group.stats()["tags"] == 2 and group.stats()["sealed"] is False
+    group.destroy()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        group.stats()
+
+
+def test_mode_and_tag_rules_trace_under_torch_compile():
+    """UlyssesGroup runs them inside compiled regions: they must not break the graph."""
+    def f(x):
+        check_tag("q")
+        return x * as_mode(fu.Mode.HEAD_TO_SEQ)
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(torch.ones(3)), torch.ones(3))
