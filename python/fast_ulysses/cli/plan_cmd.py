@@ -12,11 +12,11 @@ from rich.table import Table
 
 from .. import plan as make_plan
 from ..presets import PRESETS, preset_call
+from ..plan import DTYPE_NAMES
 from ..topology import MAX_RANKS
 from ._help import HelpFormatter
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-          "fp8": torch.float8_e4m3fn, "int8": torch.int8}
+DTYPES = DTYPE_NAMES  # one table of dtype names, fast_ulysses.plan's
 
 
 def _ints(text: str) -> list[int]:
