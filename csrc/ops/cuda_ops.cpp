@@ -56,6 +56,7 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
   auto group = find_group(group_name);
   group->profile().start();
   check_rank(group_name, rank, group->rank());
+  group->check_device(x);  // first: a tensor elsewhere is refused for that, whatever its shape
   const int64_t element_size = checked_element_size(x);
   const Plan& plan = group->plan(
       plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout),

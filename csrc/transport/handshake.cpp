@@ -70,17 +70,16 @@ char* Handshake::theirs(int to, int slot, Word word) const {
   return headers_[to] + offset(slot, word, rank_);
 }
 
-uint32_t Handshake::read(int slot, Word word, int from) const {
-  uint32_t value = 0;
+bool Handshake::read_word(const char* word, uint32_t* value) {
   cudaStream_t stream = nullptr;
-  FU_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const cudaError_t copied = cudaMemcpyAsync(&value, mine(slot, word, from), sizeof(value),
-                                             cudaMemcpyDeviceToHost, stream);
-  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return false;
+  uint32_t read = 0;
+  const bool ok =
+      cudaMemcpyAsync(&read, word, sizeof(read), cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
+      cudaStreamSynchronize(stream) == cudaSuccess;
   cudaStreamDestroy(stream);
-  FU_CUDA_CHECK(copied);
-  FU_CUDA_CHECK(synced);
-  return value;
+  if (ok) *value = read;
+  return ok;
 }
 
 }  // namespace fast_ulysses::transport

@@ -64,8 +64,9 @@ class Handshake {
   char* mine(int slot, Word word, int from) const;
   // Peer `to`'s word (slot, word) about me.
   char* theirs(int to, int slot, Word word) const;
-  // Host read of my word (for the watchdog): a blocking copy on a stream of its own.
-  uint32_t read(int slot, Word word, int from) const;
+  // Host read of a word at its device address (for the watchdog): a blocking copy on a stream
+  // of its own; false (value untouched) if CUDA refused it.
+  static bool read_word(const char* word, uint32_t* value);
 
  private:
   static int64_t offset(int slot, Word word, int rank);

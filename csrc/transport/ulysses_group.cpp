@@ -157,10 +157,13 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
   issue_copies(copies, comm_, copy_batch_ && !capturing);
 }
 
-at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
-                                    const std::string& tag_name, Result result, bool barrier) {
+void UlyssesGroup::check_device(const at::Tensor& x) const {
   TORCH_CHECK_VALUE(x.device() == device_, "x is on ", x.device(), " but the group is on ",
                     device_, ": inputs must be on the group's device");
+}
+
+at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
+                                    const std::string& tag_name, Result result, bool barrier) {
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);

@@ -52,6 +52,8 @@ class UlyssesGroup {
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
                         Result result, bool barrier);
+  // Raises ValueError unless x is on the group's device (the ops check it before planning).
+  void check_device(const at::Tensor& x) const;
   void reserve(const std::vector<std::string>& tags, const std::vector<int64_t>& window_bytes);
   // Closes every deferred borrowed call: afterwards, on the caller's stream, every peer's copies
   // issued before its barrier() have landed here.

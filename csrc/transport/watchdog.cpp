@@ -1,12 +1,47 @@
 #include "transport/watchdog.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <optional>
+#include <thread>
 #include <sstream>
 #include <utility>
 #include <vector>
 
 namespace fast_ulysses::transport {
+namespace {
+
+// How long a report waits for the flag words before it goes out without them.
+constexpr auto kFlagReadDeadline = std::chrono::seconds(5);
+
+// Reads the words at `words` (device addresses; null: not read) on a detached thread of its
+// own and waits at most kFlagReadDeadline: with the caller's stream stuck behind the hung
+// handshake a device read can block too (seen with ranks sharing one GPU), and a report, and
+// the abort after it, must never hang. The thread holds only copies, so it may outlive the
+// group; a late read of freed memory returns an error, not a crash.
+std::optional<std::vector<int64_t>> read_words(std::vector<const char*> words, int device_index) {
+  auto promise = std::make_shared<std::promise<std::vector<int64_t>>>();
+  auto future = promise->get_future();
+  std::thread([promise, words = std::move(words), device_index] {
+    cudaSetDevice(device_index);
+    cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&relaxed);
+    std::vector<int64_t> values;
+    for (const char* word : words) {
+      uint32_t value = 0;
+      values.push_back(word == nullptr ? -1
+                       : Handshake::read_word(word, &value) ? static_cast<int64_t>(value)
+                                                             : -2);
+    }
+    promise->set_value(std::move(values));
+  }).detach();
+  if (future.wait_for(kFlagReadDeadline) != std::future_status::ready) return std::nullopt;
+  return future.get();
+}
+
+}  // namespace
 
 Watchdog::Watchdog(std::string group_name, int device_index, const Handshake& handshake,
                    WatchdogSettings settings)
@@ -91,25 +126,41 @@ std::string Watchdog::describe(const Entry& entry) const {
 void Watchdog::report(const Entry& entry, double waited_s) const {
   const int P = handshake_.world_size();
   const int me = handshake_.rank();
+  std::vector<std::pair<const char*, Word>> lists;
+  if (entry.kind == CallKind::kBarrier) {
+    lists = {{"barrier-A (1 = peer arrived)", Word::kBarrierA}, {"barrier-B", Word::kBarrierB}};
+  } else {
+    lists = {{"held (1 = peer has not released its window yet)", Word::kHeld},
+             {"held-owned", Word::kHeldOwned},
+             {"landed (1 = peer's chunk arrived, not yet consumed)", Word::kLanded}};
+  }
+  std::vector<const char*> words;
+  for (const auto& list : lists)
+    for (int p = 0; p < P; ++p)
+      words.push_back(p == me ? nullptr : handshake_.mine(entry.slot, list.second, p));
+  const auto values = read_words(std::move(words), device_index_);
+
   std::ostringstream message;
   message << "fast-ulysses watchdog: group '" << group_name_ << "': " << describe(entry)
-          << " has not completed after " << static_cast<int64_t>(waited_s) << " s. Flags on "
-          << "this rank, per peer:";
-  auto list = [&](const char* name, Word word) {
-    message << " " << name << " [";
-    for (int p = 0; p < P; ++p)
-      message << (p ? " " : "") << (p == me ? "-" : std::to_string(handshake_.read(entry.slot, word, p)));
-    message << "]";
-  };
-  if (entry.kind == CallKind::kBarrier) {
-    list("barrier-A (1 = peer arrived)", Word::kBarrierA);
-    list("barrier-B", Word::kBarrierB);
+          << " has not completed after " << static_cast<int64_t>(waited_s) << " s.";
+  if (values) {
+    message << " Flags on this rank, per peer:";
+    size_t i = 0;
+    for (const auto& list : lists) {
+      message << " " << list.first << " [";
+      for (int p = 0; p < P; ++p, ++i) {
+        const int64_t v = (*values)[i];
+        message << (p ? " " : "") << (v == -1 ? "-" : v == -2 ? "?" : std::to_string(v));
+      }
+      message << "]";
+    }
+    message << ".";
   } else {
-    list("held (1 = peer has not released its window yet)", Word::kHeld);
-    list("held-owned", Word::kHeldOwned);
-    list("landed (1 = peer's chunk arrived, not yet consumed)", Word::kLanded);
+    message << " (The flag words could not be read within "
+            << std::chrono::duration_cast<std::chrono::seconds>(kFlagReadDeadline).count()
+            << " s: the device did not answer.)";
   }
-  message << ". A peer that lags is stuck, has died, or issued a different call sequence "
+  message << " A peer that lags is stuck, has died, or issued a different call sequence "
              "(set FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks).\n";
   std::fputs(message.str().c_str(), stderr);
   std::fflush(stderr);
