@@ -8,7 +8,7 @@
 All copies here are same-device, which current drivers run as SM kernels (measured on an H200): these
 numbers steer issue strategy and host cost; copy-engine peer bandwidth needs two GPUs.
 
-    python benchmarks/micro_copy.py [--json benchmarks/results/micro_copy.json]
+    python benchmarks/micro_copy.py [--json micro_copy.json]
 """
 
 from __future__ import annotations
