@@ -95,7 +95,7 @@ fi
 step "tests from outside the source tree"
 run="$work/run"
 rm -rf "$run" && mkdir -p "$run/tests"
-cp -r "$repo/tests/python" "$repo/tests/gpu" "$repo/tests/distributed" "$run/tests/"
+cp -r "$repo/tests/python" "$repo/tests/gpu" "$repo/tests/distributed" "$repo"/tests/*.py "$run/tests/"
 cp -r "$repo/examples" "$repo/benchmarks" "$run/"
 printf '[pytest]\ntimeout = 600\n' > "$run/pytest.ini"
 cd "$run"
