@@ -18,8 +18,8 @@ constexpr auto kFlagReadDeadline = std::chrono::seconds(5);
 
 // Reads the words at `words` (device addresses; null: not read) on a detached thread of its
 // own and waits at most kFlagReadDeadline: with the caller's stream stuck behind the hung
-// handshake a device read can block too (seen with ranks sharing one GPU), and a report, and
-// the abort after it, must never hang. The thread holds only copies, so it may outlive the
+// handshake a device read may block too (suspected, not confirmed, where a rank sharing one GPU
+// was never ended by its watchdog), and a report, and the abort after it, must never hang. The thread holds only copies, so it may outlive the
 // group; a late read of freed memory returns an error, not a crash.
 std::optional<std::vector<int64_t>> read_words(std::vector<const char*> words, int device_index) {
   auto promise = std::make_shared<std::promise<std::vector<int64_t>>>();
