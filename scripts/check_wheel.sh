@@ -85,7 +85,13 @@ venv="$work/venv"
 rm -rf "$venv"
 if [ "$system_site" = 1 ]; then
   "$py" -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --no-index "$wheel[test,plot]"
+  # When $py is itself a virtual environment, --system-site-packages reaches only the base
+  # interpreter's packages: a .pth file puts $py's own site folders on the new one's path.
+  "$py" -c "import site; print('\n'.join(site.getsitepackages()))" \
+    > "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_outer_site.pth"
+  # Offline: the dependencies are whatever $py has; pip check lists any that are missing.
+  "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheel"
+  "$venv/bin/python" -m pip check || echo "check_wheel.sh: pip check found the gaps above (offline, not installed)"
 else
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q -r "$repo/requirements/torch.txt"
