@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,17 +48,12 @@ def test_a2a_run_ends_cleanly(shared_gpu_runs, nproc):
 
 
 @needs_gpu
-def test_compile_traces_the_op():
+def test_compile_traces_the_op(world1):
     """torch.compile traces the registered op through its Meta kernel (P = 1, in process)."""
-    import torch.distributed as dist
-
     import fast_ulysses as fu
 
-    store_file = tempfile.NamedTemporaryFile(delete=False)
-    dist.init_process_group("gloo", init_method=f"file://{store_file.name}", rank=0,
-                            world_size=1)
+    group = fu.UlyssesGroup(world1, 1 << 20)
     try:
-        group = fu.UlyssesGroup(dist.group.WORLD, 1 << 20)
         x = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16, device="cuda")
 
         def step(t):
@@ -69,9 +63,8 @@ def test_compile_traces_the_op():
         got = compiled(x)
         want = fu.simulate([x.cpu()], 0)[0] * 2
         assert torch.equal(got.cpu(), want)
-        group.destroy()
     finally:
-        dist.destroy_process_group()
+        group.destroy()
 
 
 @needs_gpu

@@ -25,7 +25,9 @@ WORKER = Path(__file__).with_name("_torch_group_worker.py")
 
 @pytest.fixture(scope="module")
 def eight_ranks(tmp_path_factory):
-    return launch(WORKER, WORLD, tmp_path_factory.mktemp("ranks"), timeout=300)
+    # CPU ranks even where GPUs exist: the worker checks make_group's fallback for ranks without one.
+    return launch(WORKER, WORLD, tmp_path_factory.mktemp("ranks"), timeout=300,
+                  env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.parametrize("P", range(1, WORLD + 1))
