@@ -3,25 +3,18 @@ anything is sent. One function, `check_agreement`, called by both groups."""
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch.distributed as dist
 
 from .api import as_mode, check_tag
+from .env import DEBUG_ENV, switch
 from .validation import plan_call
-
-DEBUG_ENV = "FAST_ULYSSES_DEBUG"
-
-
-def env_flag(name: str) -> bool:
-    """True when the variable is set to anything but "", "0", "false" or "no"."""
-    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no")
 
 
 def debug_enabled() -> bool:
-    """FAST_ULYSSES_DEBUG, read when a group is built."""
-    return env_flag(DEBUG_ENV)
+    """FAST_ULYSSES_DEBUG (0|1), read when a group is built; another value raises ValueError."""
+    return switch(DEBUG_ENV, False)
 
 
 def describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra=()) -> str:

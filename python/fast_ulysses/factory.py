@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from .topology import PREFERENCES, decide, gather_topology
+from .hardware import gather_topology
+from .policy import check_prefer, decide
 from .torch_group import TorchUlyssesGroup
 
 
 def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "auto"):
     """Builds the Ulysses group for `process_group`; collective: every rank calls it.
 
-    The ranks gather one topology (so they all reach the same verdict), `topology.decide` picks
-    the implementation, and the group says what it chose: `group.fallback` (bool) and
+    The ranks gather one topology (so they all reach the same verdict), `policy.decide` picks
+    the implementation once, and the group it builds takes that frozen `Decision` (no check is
+    run twice). The group says what was chosen: `group.fallback` (bool) and
     `group.fallback_reason` ("" for the fast group).
 
     Arguments:
@@ -24,22 +26,15 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
     Raises:
         ValueError for a bad `prefer`, or prefer="fast" where the fast path cannot run.
     """
-    if prefer not in PREFERENCES:
-        raise ValueError(f"prefer is {prefer!r}: it must be one of 'auto', 'fast', 'torch'")
+    check_prefer(prefer)
     if process_group is None:
         import torch.distributed as dist
 
         process_group = dist.group.WORLD
-    topology = None
-    if prefer == "torch":  # no need to probe anything
-        use_fast, reason = False, "prefer='torch'"
-    else:
-        topology = gather_topology(process_group)
-        use_fast, reason = decide(topology, prefer)
-    if not use_fast:
-        group = TorchUlyssesGroup(process_group, initial_pool_bytes)
-        group.fallback_reason = reason
-        return group
+    topology = None if prefer == "torch" else gather_topology(process_group)  # torch: no probe
+    decision = decide(topology, prefer)
+    if not decision.use_fast:
+        return TorchUlyssesGroup(process_group, initial_pool_bytes, decision=decision)
     from .group import UlyssesGroup  # the fast group needs the CUDA part: import it only here
 
-    return UlyssesGroup(process_group, initial_pool_bytes, topology=topology)
+    return UlyssesGroup(process_group, initial_pool_bytes, decision=decision, topology=topology)

@@ -12,8 +12,9 @@ import torch.distributed as dist
 
 from ._ops import cuda_load_error, ops
 from .api import as_mode, check_tag, group_repr
-from .debug import DEBUG_ENV, check_agreement, debug_enabled  # noqa: F401 (DEBUG_ENV: re-export)
-from .topology import SHARED_GPU_ENV
+from .debug import check_agreement, debug_enabled
+from .policy import Decision, decide
+from .topology import shared_gpu_pair
 
 _warned_shared_gpu = False
 
@@ -27,13 +28,16 @@ class UlyssesGroup:
         initial_pool_bytes: bytes of symmetric memory to allocate for windows up front. The pool
             grows on demand (collectively) unless `reserve()` sealed it.
         device: this rank's GPU (default: the current CUDA device).
-        topology: a `fast_ulysses.topology.Topology` already gathered over the group
-            (make_group passes its own); gathered here when None.
+        decision, topology: the `fast_ulysses.policy.Decision` make_group reached for this
+            group and the `Topology` it judged (make_group passes both); when None, the group
+            gathers the topology over the process group (collective) and decides with
+            prefer="fast" itself: the same rules, the same error.
 
     Raises:
         RuntimeError: the CUDA part of the extension did not load, or no GPU.
-        ValueError: a pair of ranks whose GPUs cannot map each other's memory (named), ranks on
-            different hosts, or ranks sharing a GPU without FAST_ULYSSES_ALLOW_SHARED_GPU=1.
+        ValueError: `policy.cannot_run_message`: a pair of ranks whose GPUs cannot map each
+            other's memory (named), ranks on different hosts, ranks sharing a GPU without
+            FAST_ULYSSES_ALLOW_SHARED_GPU=1, ...; or a `decision` for the fallback.
     """
 
     fallback = False
@@ -43,7 +47,7 @@ class UlyssesGroup:
 
     def __init__(self, process_group: dist.ProcessGroup | None = None,
                  initial_pool_bytes: int = 0, *, device: torch.device | int | str | None = None,
-                 topology=None):
+                 decision: Decision | None = None, topology=None):
         if cuda_load_error:
             raise RuntimeError(f"UlyssesGroup needs the CUDA part of fast-ulysses: "
                                f"{cuda_load_error}")
@@ -67,7 +71,7 @@ class UlyssesGroup:
         self._debug = debug_enabled()
         self._calls = 0
         self._destroyed = False
-        _check_peers(self.process_group, self.device, topology)
+        _check_decision(self.process_group, self.device, decision, topology)
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
@@ -200,28 +204,25 @@ def _list(values):
     return None if values is None else [int(v) for v in values]
 
 
-def _check_peers(group: dist.ProcessGroup, device: torch.device, topology=None) -> None:
-    """Refuses what the transport cannot serve, from one topology gathered over the group, so
-    every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
+def _check_decision(group: dist.ProcessGroup, device: torch.device,
+                    decision: Decision | None, topology) -> None:
+    """Refuses what the transport cannot serve, judged on one topology gathered over the group,
+    so every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
     the collective rendezvous)."""
-    from .topology import cannot_run_reason, gather_topology, shared_gpu_pair
+    if (decision is None) != (topology is None):
+        raise ValueError("UlyssesGroup takes decision and topology together (make_group passes "
+                         "both) or neither")
+    if decision is None:
+        from .hardware import gather_topology
 
-    if topology is None:
         with torch.cuda.device(device):
             topology = gather_topology(group)
-    reason = cannot_run_reason(topology)
-    if reason:
-        raise ValueError(f"UlyssesGroup cannot run here: {reason} (use TorchUlyssesGroup or "
-                         "make_group)")
-    shared = shared_gpu_pair(topology)
-    if shared is None:
-        return
-    if not all(info.allow_shared_gpu for info in topology.ranks):
-        a, b = shared
-        raise ValueError(f"ranks {a} and {b} of the group share one GPU: set {SHARED_GPU_ENV}=1 "
-                         "on every rank to allow it (a testing mode: correct, but not NVLink "
-                         "speed)")
-    _allow_shared_gpu()
+        decision = decide(topology, "fast")  # raises where the fast path cannot run
+    if not decision.use_fast:
+        raise ValueError(f"UlyssesGroup was handed a decision for the fallback "
+                         f"({decision.reason!r}): build TorchUlyssesGroup, or call make_group")
+    if shared_gpu_pair(topology) is not None:
+        _allow_shared_gpu()
 
 
 def _allow_shared_gpu() -> None:

@@ -1,5 +1,5 @@
-"""Probes of the GPUs this process can see: torch.cuda, NVML (`pynvml`, from nvidia-ml-py) and
-sysfs. Everything degrades to "unknown" instead of raising: a machine with no GPU, no driver or
+"""Probes of the GPUs this process can see (torch.cuda, NVML via `pynvml` from nvidia-ml-py, and
+sysfs), and the `Topology` of a group (`gather_topology`) or of this machine (`visible_topology`). Everything degrades to "unknown" instead of raising: a machine with no GPU, no driver or
 no NVML still gets a `RankInfo` (and doctor a report).
 
 NVML is asked about pairs because it sees every GPU of the node whatever CUDA_VISIBLE_DEVICES
@@ -9,13 +9,13 @@ GPUs this process sees.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
 import torch
 
-from .topology import SHARED_GPU_ENV, PairInfo, RankInfo
+from .env import SHARED_GPU_ENV, switch
+from .topology import PairInfo, RankInfo, Topology
 
 _SYS = Path("/sys")
 # nvmlDeviceGetTopologyCommonAncestor values, by the names `nvidia-smi topo -m` prints.
@@ -24,7 +24,7 @@ _PATH_NAMES = {0: "SAME", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"
 
 def env_allows_shared_gpu() -> bool:
     """True when this process set FAST_ULYSSES_ALLOW_SHARED_GPU=1."""
-    return os.environ.get(SHARED_GPU_ENV, "") == "1"
+    return switch(SHARED_GPU_ENV, False)
 
 
 def visible_gpu_count() -> int:
@@ -134,6 +134,43 @@ def pair_info(infos: list[RankInfo], a: int, b: int, nvml: "Nvml") -> PairInfo:
         return PairInfo(a, b, can_map=can_map, link=link, pcie_path=path)
     return PairInfo(a, b, can_map=bool(torch_can_access(ra.pci_bus_id, rb.pci_bus_id)),
                     link="unknown")
+
+
+def gather_topology(process_group=None) -> Topology:
+    """Builds the group's topology; collective: every rank of `process_group` calls it.
+
+    Each rank probes its own GPU (torch.cuda, NVML, sysfs) and the pairs it leads (with every
+    higher rank, by NVML, else torch.cuda.can_device_access_peer); both are all-gathered, so
+    every rank returns the same Topology.
+
+    Arguments:
+        process_group: the group (None: the default group).
+
+    Returns:
+        The `Topology`, ranks in group order.
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank(process_group)
+    size = dist.get_world_size(process_group)
+    infos: list = [None] * size
+    dist.all_gather_object(infos, local_rank_info(), group=process_group)
+    with Nvml() as nvml:
+        mine = [pair_info(infos, rank, b, nvml) for b in range(rank + 1, size)]
+    rows: list = [None] * size
+    dist.all_gather_object(rows, mine, group=process_group)
+    return Topology(tuple(infos), tuple(p for row in rows for p in row))
+
+
+def visible_topology() -> Topology:
+    """The topology of one rank per GPU this process sees (what `doctor` judges)."""
+    infos = [local_rank_info(i) for i in range(visible_gpu_count())]
+    with Nvml() as nvml:
+        pairs = [pair_info(infos, a, b, nvml)
+                 for a in range(len(infos)) for b in range(a + 1, len(infos))]
+    if not infos:
+        infos = [local_rank_info()]
+    return Topology(tuple(infos), tuple(pairs))
 
 
 class Nvml:

@@ -1,14 +1,8 @@
-"""Where a group's ranks sit, and whether the fast path pays there.
+"""Where a group's ranks sit, as plain data: one `RankInfo` per rank, one `PairInfo` per pair.
 
-`Topology` is plain data (one `RankInfo` per rank, one `PairInfo` per pair of ranks), so
-`decide` is a pure function that tests feed synthetic machines. `gather_topology` builds the
-real one over a process group (probes in hardware.py); `visible_topology` builds it for every
-GPU this process sees, one rank per GPU, for `fast-ulysses doctor`.
-
-Why these rules: the fast path writes straight into peers' memory, so it needs one node, a GPU per
-rank that maps every other rank's memory, and the CUDA part of the extension. It loses where peer
-writes cross the inter-socket link of a PCIe machine (NCCL stages those through host memory
-better), and ranks sharing one GPU are a test set-up, so they need an explicit opt-in.
+Three modules, one direction of imports: this one holds the types (it imports nothing of the
+package); `hardware` probes this machine and gathers a group's `Topology` (torch.cuda, NVML,
+sysfs); `policy` judges a `Topology` (pure functions, which tests feed synthetic machines).
 """
 
 from __future__ import annotations
@@ -16,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_RANKS = 8
-PREFERENCES = ("auto", "fast", "torch")
 # Link of a pair: NVLink, PCIe, one GPU shared by both ranks, no link (different nodes or no
 # GPU), or unknown (no NVML to ask; not trusted to be NVLink).
 LINKS = ("nvlink", "pcie", "same-device", "none", "unknown")
-SHARED_GPU_ENV = "FAST_ULYSSES_ALLOW_SHARED_GPU"
 
 
 @dataclass(frozen=True)
@@ -108,152 +100,11 @@ class Topology:
         return [self.pair(a, b) for a in range(n) for b in range(a + 1, n)]
 
 
-def decide(topology: Topology, prefer: str = "auto") -> tuple[bool, str]:
-    """Whether `make_group` builds the fast group for `topology`, and why.
-
-    Arguments:
-        topology: the group's `Topology`.
-        prefer: "auto" (fast unless a rule below says it loses or cannot run), "fast" (fast
-            wherever it can run) or "torch" (always the fallback).
-
-    Returns:
-        (use_fast, reason). The reason names the ranks, GPUs, sockets or nodes behind it.
-
-    Raises:
-        ValueError for a bad `prefer`, an empty topology, or prefer="fast" where the fast path
-        cannot run (no GPU, CUDA part missing, > 8 ranks, several nodes, a pair without P2P).
-    """
-    if prefer not in PREFERENCES:
-        raise ValueError(f"prefer is {prefer!r}: it must be one of 'auto', 'fast', 'torch'")
-    if topology.world_size == 0:
-        raise ValueError("the topology has no ranks")
-    if prefer == "torch":
-        return False, "prefer='torch'"
-    blocker = cannot_run_reason(topology)
-    if blocker:
-        if prefer == "fast":
-            raise ValueError(f"prefer='fast' but the fast path cannot run here: {blocker}")
-        return False, blocker
-    loser = loses_reason(topology)
-    if prefer == "fast":
-        return True, "prefer='fast'" + (f" (auto would fall back: {loser})" if loser else "")
-    if loser:
-        return False, loser
-    return True, _fast_summary(topology)
-
-
-def cannot_run_reason(t: Topology) -> str:
-    """Why the fast path cannot run on `t` at all; "" if it can."""
-    for r, info in enumerate(t.ranks):
-        if not info.has_gpu:
-            return f"no GPU on rank {r}"
-    for r, info in enumerate(t.ranks):
-        if info.cuda_load_error:
-            return f"the extension's CUDA part did not load on rank {r}: {info.cuda_load_error}"
-    if t.world_size > MAX_RANKS:
-        return f"the group has {t.world_size} ranks: the fast path takes at most {MAX_RANKS}"
-    hosts = _ranks_by(t, lambda info: info.hostname)
-    if len(hosts) > 1:
-        where = "; ".join(f"{h}: ranks {_ranks_text(rs)}" for h, rs in hosts.items())
-        return f"the group spans {len(hosts)} nodes ({where}): the fast path is one node only"
-    unmappable = [p for p in t.all_pairs() if not p.can_map and p.link != "same-device"]
-    if unmappable:
-        p = unmappable[0]
-        more = f" (and {len(unmappable) - 1} more pairs)" if len(unmappable) > 1 else ""
-        return (f"the GPUs of {t.ranks[p.a].label(p.a)} and {t.ranks[p.b].label(p.b)} cannot "
-                f"map each other's memory (no P2P, link {p.link}){more}")
-    return ""
-
-
-def loses_reason(t: Topology) -> str:
-    """Why the fast path would run but lose (or is only a test set-up) on `t`; "" if not."""
-    shared = shared_gpu_pair(t)
-    if shared and not all(info.allow_shared_gpu for info in t.ranks):
-        a, b = shared
-        return (f"ranks {a} and {b} share one GPU ({t.ranks[a].label(a)}): set "
-                f"{SHARED_GPU_ENV}=1 on every rank to use the fast path anyway (a test set-up)")
-    slow = [p for p in t.all_pairs() if p.link not in ("nvlink", "same-device")]
-    for rule in (_across_sockets, _across_numa, _across_sys_path):
-        for p in slow:
-            reason = rule(t.ranks[p.a], t.ranks[p.b], p)
-            if reason:
-                return reason
-    return ""
-
-
-def _across_sockets(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
-    if not _differ(ra.cpu_socket, rb.cpu_socket):
-        return ""
-    return (f"the group's GPUs span CPU sockets {ra.cpu_socket} and {rb.cpu_socket} over "
-            f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross the "
-            "inter-socket link")
-
-
-def _across_numa(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
-    if not _differ(ra.numa_node, rb.numa_node):
-        return ""
-    return (f"the group's GPUs span NUMA nodes {ra.numa_node} and {rb.numa_node} over "
-            f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross NUMA "
-            "nodes")
-
-
-def _across_sys_path(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
-    if p.pcie_path != "SYS":
-        return ""
-    return (f"the PCIe path between {ra.label(p.a)} and {rb.label(p.b)} crosses the "
-            "inter-socket link (NVML: SYS): peer writes would cross CPU sockets")
-
-
-def _over(p: PairInfo) -> str:
-    return "PCIe" if p.link == "pcie" else f"a link not known to be NVLink ({p.link})"
-
-
 def spans_sockets(t: Topology) -> bool:
     """True when the ranks' GPUs sit on more than one known CPU socket or NUMA node."""
     sockets = {i.cpu_socket for i in t.ranks if i.cpu_socket is not None}
     numa = {i.numa_node for i in t.ranks if i.numa_node is not None}
     return len(sockets) > 1 or len(numa) > 1
-
-
-def gather_topology(process_group=None) -> Topology:
-    """Builds the group's topology; collective: every rank of `process_group` calls it.
-
-    Each rank probes its own GPU (torch.cuda, NVML, sysfs) and the pairs it leads (with every
-    higher rank, by NVML, else torch.cuda.can_device_access_peer); both are all-gathered, so
-    every rank returns the same Topology.
-
-    Arguments:
-        process_group: the group (None: the default group).
-
-    Returns:
-        The `Topology`, ranks in group order.
-    """
-    import torch.distributed as dist
-
-    from . import hardware
-
-    rank = dist.get_rank(process_group)
-    size = dist.get_world_size(process_group)
-    infos: list = [None] * size
-    dist.all_gather_object(infos, hardware.local_rank_info(), group=process_group)
-    with hardware.Nvml() as nvml:
-        mine = [hardware.pair_info(infos, rank, b, nvml) for b in range(rank + 1, size)]
-    rows: list = [None] * size
-    dist.all_gather_object(rows, mine, group=process_group)
-    return Topology(tuple(infos), tuple(p for row in rows for p in row))
-
-
-def visible_topology() -> Topology:
-    """The topology of one rank per GPU this process sees (what `doctor` judges)."""
-    from . import hardware
-
-    infos = [hardware.local_rank_info(i) for i in range(hardware.visible_gpu_count())]
-    with hardware.Nvml() as nvml:
-        pairs = [hardware.pair_info(infos, a, b, nvml)
-                 for a in range(len(infos)) for b in range(a + 1, len(infos))]
-    if not infos:
-        infos = [hardware.local_rank_info()]
-    return Topology(tuple(infos), tuple(pairs))
 
 
 def shared_gpu_pair(t: Topology):
@@ -264,27 +115,3 @@ def shared_gpu_pair(t: Topology):
             return seen[info.gpu_key], r
         seen[info.gpu_key] = r
     return None
-
-
-def _ranks_by(t: Topology, key) -> dict:
-    groups: dict = {}
-    for r, info in enumerate(t.ranks):
-        groups.setdefault(key(info), []).append(r)
-    return groups
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
-
-
-def _differ(a, b) -> bool:
-    return a is not None and b is not None and a != b
-
-
-def _fast_summary(t: Topology) -> str:
-    links = sorted({p.link for p in t.all_pairs()})
-    if not links:
-        return "one rank on one GPU"
-    return f"{t.world_size} ranks on one node, links: {', '.join(links)}"

@@ -39,6 +39,8 @@ class TorchUlyssesGroup:
     Arguments:
         process_group: the ranks of the sequence-parallel group (None: the default group).
         initial_pool_bytes: accepted for signature parity with `UlyssesGroup`; unused (>= 0).
+        decision: the `fast_ulysses.policy.Decision` make_group reached (it passes its own);
+            its reason becomes `fallback_reason`. None: built directly ("requested").
 
     Attributes:
         fallback: always True.
@@ -55,7 +57,7 @@ class TorchUlyssesGroup:
     world_size: int
     fallback_reason: str
 
-    def __init__(self, process_group=None, initial_pool_bytes: int = 0):
+    def __init__(self, process_group=None, initial_pool_bytes: int = 0, *, decision=None):
         if process_group is None:
             process_group = dist.group.WORLD
         if process_group is None:
@@ -68,7 +70,10 @@ class TorchUlyssesGroup:
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self.initial_pool_bytes = initial_pool_bytes
-        self.fallback_reason = "requested"
+        if decision is not None and decision.use_fast:
+            raise ValueError(f"TorchUlyssesGroup was handed a decision for the fast group "
+                             f"({decision.reason!r}): build UlyssesGroup, or call make_group")
+        self.fallback_reason = "requested" if decision is None else decision.reason
         self._destroyed = False
         self._debug = debug_enabled()
         self._calls = 0

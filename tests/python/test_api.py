@@ -209,3 +209,13 @@ def test_mode_and_tag_rules_trace_under_torch_compile():
 
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     assert torch.equal(compiled(torch.ones(3)), torch.ones(3))
+
+
+@pytest.mark.parametrize("value", ["true", "2", "on"])
+def test_a_switch_with_another_value_than_0_or_1_is_refused(world1, monkeypatch, value):
+    """FAST_ULYSSES_DEBUG=true must not be read as off (nor as on): the group refuses it."""
+    monkeypatch.setenv("FAST_ULYSSES_DEBUG", value)
+    with pytest.raises(ValueError, match=f"FAST_ULYSSES_DEBUG={value}: must be 0 .* or 1"):
+        fu.TorchUlyssesGroup(world1)
+    monkeypatch.setenv("FAST_ULYSSES_DEBUG", "0")
+    assert fu.TorchUlyssesGroup(world1)._debug is False

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from fast_ulysses import factory, hardware
-from fast_ulysses.topology import PairInfo, RankInfo, Topology, decide, spans_sockets
+from fast_ulysses.policy import decide
+from fast_ulysses.topology import PairInfo, RankInfo, Topology, spans_sockets
 from fast_ulysses.torch_group import TorchUlyssesGroup
 
 
@@ -101,12 +102,19 @@ def test_shared_gpu_needs_the_opt_in_on_every_rank():
     assert decide(machine(half))[0] is False
     opted = [gpu(0, allow_shared_gpu=True), gpu(0, allow_shared_gpu=True)]
     assert decide(machine(opted))[0] is True
-    assert decide(machine(shared), prefer="fast")[0] is True
+    # prefer="fast" (and a UlyssesGroup built directly) refuses it in the same words.
+    with pytest.raises(ValueError, match="fast path cannot run here: ranks 0 and 1 share one GPU"):
+        decide(machine(shared), prefer="fast")
 
 
 def test_the_opt_in_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv("FAST_ULYSSES_ALLOW_SHARED_GPU", raising=False)
     assert not hardware.local_rank_info().allow_shared_gpu
+    monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "0")
+    assert not hardware.env_allows_shared_gpu()
+    monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes")
+    with pytest.raises(ValueError, match="FAST_ULYSSES_ALLOW_SHARED_GPU=yes: must be 0 .* or 1"):
+        hardware.env_allows_shared_gpu()
     monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "1")
     assert hardware.env_allows_shared_gpu()
     assert hardware.local_rank_info().allow_shared_gpu
@@ -189,8 +197,9 @@ def test_make_group_builds_the_fast_group_where_decide_says_so(world1, monkeypat
         fallback = False
         fallback_reason = ""
 
-        def __init__(self, process_group, initial_pool_bytes, topology=None):
-            assert topology is not None  # make_group hands over what it gathered
+        def __init__(self, process_group, initial_pool_bytes, *, decision, topology):
+            # make_group hands over its decision and the topology it judged
+            assert decision.use_fast and topology == machine(dgx())
             built.append((process_group, initial_pool_bytes))
 
     fake = types.ModuleType("fast_ulysses.group")
@@ -205,3 +214,13 @@ def test_make_group_builds_the_fast_group_where_decide_says_so(world1, monkeypat
     fallback = factory.make_group(world1, 123)
     assert isinstance(fallback, TorchUlyssesGroup)
     assert "CPU sockets 0 and 1" in fallback.fallback_reason
+
+
+def test_each_group_refuses_a_decision_for_the_other(world1):
+    from fast_ulysses.policy import Decision
+
+    with pytest.raises(ValueError, match="decision for the fast group"):
+        TorchUlyssesGroup(world1, 0, decision=Decision(True, "prefer='fast'"))
+    group = TorchUlyssesGroup(world1, 0, decision=Decision(False, "no GPU on rank 0"))
+    assert group.fallback_reason == "no GPU on rank 0"
+    assert TorchUlyssesGroup(world1, 0).fallback_reason == "requested"

@@ -13,7 +13,9 @@ import sys
 import torch
 
 from .. import hardware
-from ..topology import decide, spans_sockets, visible_topology
+from ..hardware import visible_topology
+from ..policy import decide
+from ..topology import spans_sockets
 from ._help import HelpFormatter
 
 WATCHED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS")

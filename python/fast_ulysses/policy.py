@@ -1,0 +1,170 @@
+"""Whether the fast path can run, and whether it pays, on a group's `Topology`: pure functions
+of plain data, so tests feed them synthetic machines. `make_group` asks `decide` once and hands
+the frozen `Decision` to the group it builds; a `UlyssesGroup` built directly asks `decide` with
+prefer="fast", so the same rule refuses with the same words whichever way a user comes in.
+
+Why these rules: the fast path writes straight into peers' memory, so it needs one node, a GPU per
+rank that maps every other rank's memory, and the CUDA part of the extension; ranks sharing one
+GPU are a test set-up, so they need an explicit opt-in on every rank. It loses where peer writes
+cross the inter-socket link of a PCIe machine (NCCL stages those through host memory better).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .env import SHARED_GPU_ENV
+from .topology import MAX_RANKS, PairInfo, RankInfo, Topology, shared_gpu_pair
+
+PREFERENCES = ("auto", "fast", "torch")
+
+
+class Decision(NamedTuple):
+    """Which group `make_group` builds, and why: frozen, made once, handed to the group.
+
+    Arguments:
+        use_fast: build `UlyssesGroup` (else `TorchUlyssesGroup`).
+        reason: the rule behind it, naming ranks, GPUs, sockets or nodes (never empty).
+    """
+
+    use_fast: bool
+    reason: str
+
+
+def check_prefer(prefer: str) -> None:
+    """Raises ValueError unless `prefer` is one of PREFERENCES."""
+    if prefer not in PREFERENCES:
+        raise ValueError(f"prefer is {prefer!r}: it must be one of 'auto', 'fast', 'torch'")
+
+
+def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
+    """Whether `make_group` builds the fast group for `topology`, and why.
+
+    Arguments:
+        topology: the group's `Topology` (may be None only with prefer="torch").
+        prefer: "auto" (fast unless a rule below says it loses or cannot run), "fast" (fast
+            wherever it can run) or "torch" (always the fallback).
+
+    Returns:
+        A `Decision` (use_fast, reason); the reason names the ranks, GPUs, sockets or nodes
+        behind it.
+
+    Raises:
+        ValueError for a bad `prefer`, an empty topology, or prefer="fast" where the fast path
+        cannot run (no GPU, CUDA part missing, > 8 ranks, several nodes, ranks sharing a GPU
+        without the opt-in, a pair without P2P): `cannot_run_message`.
+    """
+    check_prefer(prefer)
+    if prefer == "torch":
+        return Decision(False, "prefer='torch'")
+    if topology is None or topology.world_size == 0:
+        raise ValueError("the topology has no ranks")
+    blocker = cannot_run_reason(topology)
+    if blocker:
+        if prefer == "fast":
+            raise ValueError(cannot_run_message(blocker))
+        return Decision(False, blocker)
+    loser = loses_reason(topology)
+    if prefer == "fast":
+        return Decision(True, "prefer='fast'" + (f" (auto would fall back: {loser})" if loser
+                                                 else ""))
+    if loser:
+        return Decision(False, loser)
+    return Decision(True, _fast_summary(topology))
+
+
+def cannot_run_message(blocker: str) -> str:
+    """The one error for a fast group that cannot run: prefer="fast" or a direct UlyssesGroup."""
+    return (f"the fast path cannot run here: {blocker} (make_group() falls back to "
+            "TorchUlyssesGroup)")
+
+
+def cannot_run_reason(t: Topology) -> str:
+    """Why the fast path cannot run on `t` at all; "" if it can."""
+    for r, info in enumerate(t.ranks):
+        if not info.has_gpu:
+            return f"no GPU on rank {r}"
+    for r, info in enumerate(t.ranks):
+        if info.cuda_load_error:
+            return f"the extension's CUDA part did not load on rank {r}: {info.cuda_load_error}"
+    if t.world_size > MAX_RANKS:
+        return f"the group has {t.world_size} ranks: the fast path takes at most {MAX_RANKS}"
+    hosts = _ranks_by(t, lambda info: info.hostname)
+    if len(hosts) > 1:
+        where = "; ".join(f"{h}: ranks {_ranks_text(rs)}" for h, rs in hosts.items())
+        return f"the group spans {len(hosts)} nodes ({where}): the fast path is one node only"
+    shared = shared_gpu_pair(t)
+    if shared and not all(info.allow_shared_gpu for info in t.ranks):
+        a, b = shared
+        return (f"ranks {a} and {b} share one GPU ({t.ranks[a].label(a)}): set "
+                f"{SHARED_GPU_ENV}=1 on every rank to use the fast path anyway (a test set-up: "
+                "correct, but not NVLink speed)")
+    unmappable = [p for p in t.all_pairs() if not p.can_map and p.link != "same-device"]
+    if unmappable:
+        p = unmappable[0]
+        more = f" (and {len(unmappable) - 1} more pairs)" if len(unmappable) > 1 else ""
+        return (f"the GPUs of {t.ranks[p.a].label(p.a)} and {t.ranks[p.b].label(p.b)} cannot "
+                f"map each other's memory (no P2P, link {p.link}){more}")
+    return ""
+
+
+def loses_reason(t: Topology) -> str:
+    """Why the fast path would run but lose on `t`; "" if not."""
+    slow = [p for p in t.all_pairs() if p.link not in ("nvlink", "same-device")]
+    for rule in (_across_sockets, _across_numa, _across_sys_path):
+        for p in slow:
+            reason = rule(t.ranks[p.a], t.ranks[p.b], p)
+            if reason:
+                return reason
+    return ""
+
+
+def _across_sockets(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
+    if not _differ(ra.cpu_socket, rb.cpu_socket):
+        return ""
+    return (f"the group's GPUs span CPU sockets {ra.cpu_socket} and {rb.cpu_socket} over "
+            f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross the "
+            "inter-socket link")
+
+
+def _across_numa(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
+    if not _differ(ra.numa_node, rb.numa_node):
+        return ""
+    return (f"the group's GPUs span NUMA nodes {ra.numa_node} and {rb.numa_node} over "
+            f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross NUMA "
+            "nodes")
+
+
+def _across_sys_path(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
+    if p.pcie_path != "SYS":
+        return ""
+    return (f"the PCIe path between {ra.label(p.a)} and {rb.label(p.b)} crosses the "
+            "inter-socket link (NVML: SYS): peer writes would cross CPU sockets")
+
+
+def _over(p: PairInfo) -> str:
+    return "PCIe" if p.link == "pcie" else f"a link not known to be NVLink ({p.link})"
+
+
+def _ranks_by(t: Topology, key) -> dict:
+    groups: dict = {}
+    for r, info in enumerate(t.ranks):
+        groups.setdefault(key(info), []).append(r)
+    return groups
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def _differ(a, b) -> bool:
+    return a is not None and b is not None and a != b
+
+
+def _fast_summary(t: Topology) -> str:
+    links = sorted({p.link for p in t.all_pairs()})
+    if not links:
+        return "one rank on one GPU"
+    return f"{t.world_size} ranks on one node, links: {', '.join(links)}"
