@@ -113,8 +113,17 @@ void destroy_group(std::string group_name) {
   registry().erase(group_name);
 }
 
-std::vector<int64_t> group_stats(std::string group_name) {
-  return find_group(group_name)->stats();
+std::tuple<std::vector<std::string>, std::vector<int64_t>> group_stats(std::string group_name) {
+  std::tuple<std::vector<std::string>, std::vector<int64_t>> named;
+  for (auto& [name, value] : find_group(group_name)->stats()) {
+    std::get<0>(named).push_back(name);
+    std::get<1>(named).push_back(value);
+  }
+  return named;
+}
+
+void check_device(std::string group_name, const at::Tensor& x) {
+  find_group(group_name)->check_device(x);
 }
 
 std::tuple<std::vector<std::string>, std::vector<int64_t>, int64_t> host_profile(
@@ -140,8 +149,9 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
   m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
 }
 
-// These take no tensor: the catch-all kernel serves every dispatch key.
+// The catch-all kernel serves every dispatch key (check_device takes a tensor of any device).
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
+  m.impl("check_device", &check_device);
   m.impl("create_group", &create_group);
   m.impl("reserve", &reserve);
   m.impl("barrier", &barrier);

@@ -34,8 +34,10 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def("reserve(str group_name, str[] tags, int[] window_bytes) -> ()");
   m.def("barrier(str group_name) -> ()");
   m.def("destroy_group(str group_name) -> ()");
-  // [pool bytes, bytes in use, segments, sealed, tags, deferred tags] for tests and doctor.
-  m.def("group_stats(str group_name) -> int[]");
+  // Named (pool_bytes, used_bytes, segments, sealed, tags, deferred) for tests and doctor.
+  m.def("group_stats(str group_name) -> (str[] names, int[] values)");
+  // The group's device rule, alone: FAST_ULYSSES_DEBUG checks it before the ranks agree.
+  m.def("check_device(str group_name, Tensor x) -> ()");
   // With FAST_ULYSSES_HOST_PROFILE=1: host nanoseconds per stage of the calls since the last
   // read (stage names, sums, number of calls); resets them.
   m.def("host_profile(str group_name) -> (str[] stages, int[] nanoseconds, int calls)");

@@ -274,11 +274,15 @@ void UlyssesGroup::quiesce() {
   c10d::resolve_process_group(group_name_)->barrier()->wait();
 }
 
-std::vector<int64_t> UlyssesGroup::stats() const {
+std::vector<std::pair<std::string, int64_t>> UlyssesGroup::stats() const {
   int64_t deferred = 0;
   for (const auto& entry : tags_) deferred += entry.second.deferred ? 1 : 0;
-  return {pool_.capacity(), pool_.used(), pool_.segments(), pool_.sealed() ? 1 : 0,
-          static_cast<int64_t>(tags_.size()), deferred};
+  return {{"pool_bytes", pool_.capacity()},
+          {"used_bytes", pool_.used()},
+          {"segments", pool_.segments()},
+          {"sealed", pool_.sealed() ? 1 : 0},
+          {"tags", static_cast<int64_t>(tags_.size())},
+          {"deferred", deferred}};
 }
 
 }  // namespace fast_ulysses::transport

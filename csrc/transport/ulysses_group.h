@@ -65,7 +65,9 @@ class UlyssesGroup {
   int rank() const { return pool_.rank(); }
   int world_size() const { return pool_.world_size(); }
   c10::Device device() const { return device_; }
-  std::vector<int64_t> stats() const;
+  // (name, value) of pool_bytes, used_bytes, segments, sealed (0|1), tags, deferred: the
+  // names are the keys of the Python stats() dict.
+  std::vector<std::pair<std::string, int64_t>> stats() const;
   HostProfile& profile() { return profile_; }
 
  private:

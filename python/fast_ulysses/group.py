@@ -148,8 +148,8 @@ class UlyssesGroup:
     def stats(self) -> dict:
         """Pool capacity and use, segments, sealed, tags and deferred tags (for tests, doctor)."""
         self._check_live()
-        keys = ("pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred")
-        return dict(zip(keys, ops.group_stats(self.group_name)))
+        names, values = ops.group_stats(self.group_name)  # named in C++
+        return {n: bool(v) if n == "sealed" else v for n, v in zip(names, values)}
 
     def _host_profile(self) -> dict:
         """With FAST_ULYSSES_HOST_PROFILE=1 set before the group was made: host microseconds per
@@ -191,13 +191,12 @@ class UlyssesGroup:
             check_tag(tag)
 
     def _check_tensor(self, x, *, device: bool = False) -> None:
-        # The op checks the rest itself (device, shape, dtype), in C++; the debug path checks
-        # the device here too, so that every rank learns of it before anything is sent.
+        # The op checks the rest itself (device, shape, dtype), in C++; the debug path asks the
+        # group's C++ device rule first, so that every rank learns of it before anything is sent.
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
-        if device and x.device != self.device:
-            raise ValueError(f"x is on {x.device} but the group is on {self.device}: inputs "
-                             "must be on the group's device")
+        if device:
+            ops.check_device(self.group_name, x)
 
 
 def _list(values):

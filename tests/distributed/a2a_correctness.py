@@ -63,7 +63,10 @@ def check_reserve_and_recreate(pg, rank, world_size, device, log) -> str:
                                seq_splits=list(case.seq_splits),
                                head_splits=list(case.head_splits), layout=case.layout)])
     stats = group.stats()
-    assert stats["sealed"] == 1, stats
+    assert stats["sealed"] is True, stats
+    fallback = fu.TorchUlyssesGroup(pg)  # both groups' stats() have the same keys, in order
+    assert list(stats) == list(fallback.stats()), (list(stats), list(fallback.stats()))
+    fallback.destroy()
     xs = a2a_checks.inputs_for(case, world_size, seed=77)
     y = group.all_to_all_single_4d(xs[rank].to(device), 0, "declared",
                                    seq_splits=list(case.seq_splits),
@@ -105,6 +108,8 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
     attempts = [("invalid on rank 0 only",
                  lambda: group.all_to_all_single_4d(x[..., :4].contiguous() if rank == 0 else x,
                                                     0, "bad"), "which is invalid")]
+    attempts.append(("on the CPU on rank 0 only", lambda: group.all_to_all_single_4d(
+        x.cpu() if rank == 0 else x, 0, "bad"), "x is on cpu but the group is on cuda"))
     if world_size > 1:
         attempts.append(("a tag that differs", lambda: group.all_to_all_single_4d(
             x, 0, f"tag-of-rank-{rank}"), "differs across ranks"))

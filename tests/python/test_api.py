@@ -38,8 +38,16 @@ class RecordingOps:
         self.calls.append(("all_to_all_single_4d_borrowed", args))
         return args[0]
 
-    def group_stats(self, group_name):
-        return [0, 0, 0, 0, 0, 0]
+    refuse_device = False  # what the C++ device rule (it needs a CUDA group) answers
+
+    def check_device(self, group_name, x):
+        self.calls.append(("check_device", (group_name, x)))
+        if self.refuse_device:
+            raise ValueError(f"the group's device rule refused x on {x.device}")
+
+    def group_stats(self, group_name):  # what the C++ op returns on a fresh group
+        names = ["pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred"]
+        return names, [0] * len(names)
 
 
 @pytest.fixture
@@ -94,7 +102,7 @@ def test_fast_group_passes_a_plain_int_mode_to_the_op(fast_group, entry, debug):
     fast_group._debug = debug
     x = torch.zeros(1, 2, 2, 8)
     getattr(fast_group, entry)(x, fu.Mode.HEAD_TO_SEQ, "t")
-    (name, args), = fast_group.recorder.calls
+    (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
     assert name == entry and args[1] == 1 and type(args[1]) is int
 
 
@@ -148,14 +156,17 @@ def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
     assert fast_group.recorder.calls == []  # nothing reached the op
 
 
-def test_fast_group_debug_refuses_an_input_on_another_device(fast_group):
+def test_fast_group_debug_asks_the_ops_device_rule_before_the_call(fast_group):
+    """The debug path asks the C++ device rule (the op check_device) and reports its refusal as
+    the rank's invalid call; the collective is never reached. (The rule's own words are checked
+    on a GPU: tests/distributed/a2a_correctness.py, check debug_mode.)"""
     fast_group._debug = True
-    fast_group.device = torch.device("cuda", 0)
+    fast_group.recorder.refuse_device = True
     with pytest.raises(ValueError) as info:
         fast_group.all_to_all_single_4d(torch.zeros(1, 2, 2, 8), 0, "q")
     assert str(info.value).startswith("call #1: rank 0 called all_to_all_single_4d(x=(1, 2, 2, 8)")
-    assert "which is invalid: x is on cpu but the group is on cuda:0" in str(info.value)
-    assert fast_group.recorder.calls == []
+    assert "which is invalid: the group's device rule refused x on cpu" in str(info.value)
+    assert [name for name, _ in fast_group.recorder.calls] == ["check_device"]
 
 
 def test_torch_group_satisfies_the_protocol(world1):
