@@ -176,10 +176,9 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   const Window& window = window_for(tag, plan.window_bytes, in_capture);
   const bool owned = result == Result::kOwned;
   const bool deferred = !owned && !barrier;
-  at::Tensor mine = pool_.local_view(window, plan.window_bytes).view(x.scalar_type());
   at::Tensor out = owned ? at::empty(shape_of(plan.output_shape), x.options())
-                         : mine.narrow(0, 0, plan.output_bytes / x.element_size())
-                               .view(shape_of(plan.output_shape));
+                         : pool_.local_tensor(window, shape_of(plan.output_shape),
+                                              x.scalar_type());
   ++tag.calls;
   const bool peers = world_size() > 1;
   profile_.mark(Stage::kSetup);
@@ -190,7 +189,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
     send_remote(x, plan, window, in_capture);
     profile_.mark(Stage::kSend);
   }
-  copy_local(plan.copies[rank()], x, owned ? out.view({-1}) : mine);
+  copy_own(plan.copies[rank()], x, out, caller);
   profile_.mark(Stage::kOwnShare);
   // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
   if (deferred) tag.deferred = true;
@@ -215,6 +214,22 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   profile_.mark(Stage::kFinish);
   profile_.end_call();
   return out;
+}
+
+// C: this rank's own share of x into `out` (the result, or my window for a borrowed call; either
+// way the output layout, starting at byte 0, where the descriptor's offsets point). A chunk that
+// coalesces to one run of bytes is one cudaMemcpyAsync, which is what torch's copy_ issues for
+// it too, minus the host cost of building views and a TensorIterator; pitched chunks go through
+// torch's strided copy kernel (copy_local), faster than a pitched driver copy.
+void UlyssesGroup::copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
+                            cudaStream_t caller) {
+  const CopyDescriptor c = coalesced(own);
+  if (c.bytes() > 0 && c.height == 1 && c.depth == 1) {
+    issue_copy(c, static_cast<const char*>(x.const_data_ptr()), static_cast<char*>(out.data_ptr()),
+               caller);
+    return;
+  }
+  copy_local(own, x, out);
 }
 
 // M: copy the peers' chunks out of the window into `out` (my own share is already there, from

@@ -87,6 +87,8 @@ class UlyssesGroup {
   void close(int slot);             // on comm_
   void full_round(int slot, Word word);  // adds to batch_
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, bool capturing);
+  void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
+                cudaStream_t caller);
   void finish_owned(const at::Tensor& out, const Plan& plan, const Window& window, int slot);
   // M's closing event joined into the caller's stream, and watched unless capturing.
   void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const std::string> tag,

@@ -110,8 +110,20 @@ void WindowPool::reserve(const std::vector<std::pair<int, int64_t>>& slots) {
   sealed_ = true;
 }
 
-at::Tensor WindowPool::local_view(const Window& window, int64_t bytes) const {
-  return segments_[window.segment].storage.narrow(0, window.offset, bytes);
+at::Tensor WindowPool::local_tensor(const Window& window, c10::IntArrayRef shape,
+                                    at::ScalarType dtype) const {
+  const at::Tensor& base = segments_[window.segment].storage;
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t start = base.storage_offset() * base.element_size() + window.offset;
+  int64_t bytes = element;
+  for (const int64_t extent : shape) bytes *= extent;
+  TORCH_CHECK(start % element == 0 && bytes <= window.bytes, "window of ", window.bytes,
+              " bytes at ", start, " cannot hold ", shape, " of ", dtype);
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(base.storage()), base.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  view.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  view.unsafeGetTensorImpl()->set_storage_offset(start / element);
+  return view;
 }
 
 int64_t WindowPool::capacity() const {

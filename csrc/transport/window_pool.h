@@ -50,8 +50,11 @@ class WindowPool {
   void reserve(const std::vector<std::pair<int, int64_t>>& slots);
   bool sealed() const { return sealed_; }
 
-  // A tensor aliasing the first `bytes` of my window (it keeps the segment alive).
-  at::Tensor local_view(const Window& window, int64_t bytes) const;
+  // A contiguous tensor of `shape` and `dtype` at the start of my window, sharing the segment's
+  // storage (it keeps the segment alive). Built without the dispatcher (a TensorImpl over the
+  // segment's Storage), as this is on every borrowed call's path; the window must hold it.
+  at::Tensor local_tensor(const Window& window, c10::IntArrayRef shape,
+                          at::ScalarType dtype) const;
 
   int64_t capacity() const;
   int64_t used() const;
