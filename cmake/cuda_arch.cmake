@@ -2,11 +2,11 @@
 # FAST_ULYSSES_CUDA_ARCH=90 (or a comma-separated list, "90,100") picks; unset, it is all four
 # supported ones. The list is recorded in fast_ulysses/_build_info.py (see `fast-ulysses doctor`).
 #
-# Today the extension has no device code: the transport issues copies and stream memory
-# operations only, and there is no .cu file under csrc/. The list is then validated and recorded
-# and costs no build time. The first .cu file switches device code on, below: CUDA is enabled
-# as a language and compiled for every listed architecture (SASS for each, plus PTX of the newest
-# so a later GPU can JIT it).
+# The copy path has no device code (the transport issues copies and stream memory operations
+# only); the fused QK RMSNorm + RoPE scatter (csrc/kernels) has. Any .cu file switches device code
+# on, below: CUDA is enabled as a language and compiled for every listed architecture (SASS for
+# each, plus PTX of the newest so a later GPU can JIT it), against the shared CUDA runtime that
+# torch loads (a static one would be a second runtime in the process).
 set(FAST_ULYSSES_SUPPORTED_ARCHS 80 90 100 120)
 if(DEFINED ENV{FAST_ULYSSES_CUDA_ARCH} AND NOT "$ENV{FAST_ULYSSES_CUDA_ARCH}" STREQUAL "")
   string(REPLACE "," ";" FAST_ULYSSES_CUDA_ARCHS "$ENV{FAST_ULYSSES_CUDA_ARCH}")
@@ -30,6 +30,8 @@ if(_fast_ulysses_cu_files)
   endforeach()
   list(GET FAST_ULYSSES_CUDA_ARCHS -1 _newest)
   list(APPEND CMAKE_CUDA_ARCHITECTURES "${_newest}-virtual")
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  set(CMAKE_CUDA_STANDARD 17)
   enable_language(CUDA)
   message(STATUS "fast-ulysses: device code for CUDA architectures ${FAST_ULYSSES_CUDA_ARCHS_CSV}")
 else()

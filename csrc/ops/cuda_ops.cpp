@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
 #include "transport/ulysses_group.h"
 
@@ -86,6 +87,44 @@ at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x, int64_t mode, std::stri
              barrier, rank);
 }
 
+// The fused QK RMSNorm + RoPE scatter: the mode-0 call's plan and windows, one kernel in place
+// of the copies.
+at::Tensor qk_norm_rope_cuda(const at::Tensor& x, std::string tag, std::string group_name,
+                             const at::Tensor& norm_weight, double eps, const at::Tensor& cos,
+                             const at::Tensor& sin, std::string norm, std::string rope_style,
+                             std::optional<at::IntArrayRef> seq_splits,
+                             std::optional<at::IntArrayRef> head_splits, std::string layout,
+                             bool borrowed, bool barrier, std::optional<int64_t> rank) {
+  auto group = find_group(group_name);
+  group->profile().start();
+  check_rank(group_name, rank, group->rank());
+  group->check_device(x);
+  transport::FusedNormRope fused{
+      check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout),
+      {norm_weight, cos, sin}};
+  const int64_t element_size = x.element_size();
+  const Plan& plan = group->plan(
+      plan_key(0, x.sizes(), element_size, seq_splits, head_splits, layout), [&] {
+        return plan_for(group->world_size(), group->rank(), 0, x.sizes(), element_size,
+                        seq_splits, head_splits, layout);
+      });
+  group->profile().mark(transport::Stage::kPlan);
+  const auto& seq = plan.request.seq_splits;
+  const auto& heads = plan.request.head_splits;
+  fused.args.x = x.const_data_ptr();
+  fused.args.weight = norm_weight.const_data_ptr<float>();
+  fused.args.cos = cos.const_data_ptr<float>();
+  fused.args.sin = sin.const_data_ptr<float>();
+  fused.args.peers = group->world_size();
+  for (int j = 0; j < group->world_size(); ++j) {
+    fused.args.head_start[j + 1] = fused.args.head_start[j] + heads[j];
+    if (j < group->rank()) fused.args.seq_offset += seq[j];
+    fused.args.seq_total += seq[j];
+  }
+  return group->all_to_all(x, plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
+                           borrowed ? barrier : true, &fused);
+}
+
 void create_group(std::string group_name, int64_t device_index, int64_t initial_pool_bytes) {
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
@@ -138,6 +177,7 @@ std::tuple<std::vector<std::string>, std::vector<int64_t>, int64_t> host_profile
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
+  m.impl("qk_norm_rope_all_to_all", &qk_norm_rope_cuda);
   m.impl("all_to_all_single_4d", &all_to_all_cuda);
   m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
 }
@@ -145,6 +185,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
 // A CPU tensor reaches the same code, which refuses it with the group's device rule (instead of
 // the dispatcher's "could not run with arguments from the CPU backend").
 TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
+  m.impl("qk_norm_rope_all_to_all", &qk_norm_rope_cuda);
   m.impl("all_to_all_single_4d", &all_to_all_cuda);
   m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
 }

@@ -4,6 +4,7 @@
 // group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).
 #include <torch/library.h>
 
+#include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
 
 TORCH_LIBRARY(fast_ulysses, m) {
@@ -41,6 +42,18 @@ TORCH_LIBRARY(fast_ulysses, m) {
   // With FAST_ULYSSES_HOST_PROFILE=1: host nanoseconds per stage of the calls since the last
   // read (stage names, sums, number of calls); resets them.
   m.def("host_profile(str group_name) -> (str[] stages, int[] nanoseconds, int calls)");
+
+  // The fused QK RMSNorm + RoPE scatter (the opt-in SM path): mode 0 of x after the norm and
+  // the rotation (csrc/kernels/norm_rope.h has the math), an owned or a borrowed result. Its
+  // argument rules alone, for the fallback: check_norm_rope (GPU-free).
+  m.def(
+      "qk_norm_rope_all_to_all(Tensor x, str tag, str group_name, Tensor norm_weight, "
+      "float eps, Tensor cos, Tensor sin, str norm='all_heads', str rope_style='interleaved', "
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', "
+      "bool borrowed=False, bool barrier=True, int? rank=None) -> Tensor");
+  m.def(
+      "check_norm_rope(Tensor x, Tensor norm_weight, float eps, Tensor cos, Tensor sin, "
+      "str norm, str rope_style, str layout) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
@@ -49,6 +62,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("plan", &fast_ulysses::ops::plan_op);
+  m.impl("check_norm_rope", &fast_ulysses::ops::check_norm_rope_op);
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/norm_rope_launch.h"
 #include "transport/copy_engine.h"
 #include "transport/cuda_check.h"
 
@@ -163,7 +164,8 @@ void UlyssesGroup::check_device(const at::Tensor& x) const {
 }
 
 at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
-                                    const std::string& tag_name, Result result, bool barrier) {
+                                    const std::string& tag_name, Result result, bool barrier,
+                                    FusedNormRope* fused) {
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
@@ -186,10 +188,18 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
     events_.join(caller, comm_);
     open(tag.slot, owned);
     profile_.mark(Stage::kOpen);
-    send_remote(x, plan, window, in_capture);
+    if (fused) {
+      launch_fused(*fused, window.peers, comm_);
+    } else {
+      send_remote(x, plan, window, in_capture);
+    }
     profile_.mark(Stage::kSend);
   }
-  copy_own(plan.copies[rank()], x, out, caller);
+  if (!fused) {
+    copy_own(plan.copies[rank()], x, out, caller);
+  } else if (!peers) {
+    launch_fused(*fused, {static_cast<char*>(out.data_ptr())}, caller);
+  }
   profile_.mark(Stage::kOwnShare);
   // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
   if (deferred) tag.deferred = true;
@@ -202,13 +212,15 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
     // (Otherwise C waits for M before this returns, which orders any reuse of x or of `out`
     // after M's last use of them: no recordStream needed.)
     record_stream(x, comm_, device_.index());
+    if (fused)
+      for (const at::Tensor& read : fused->reads) record_stream(read, comm_, device_.index());
     profile_.mark(Stage::kFinish);
     profile_.end_call();
     return out;
   }
   close(tag.slot);
   profile_.mark(Stage::kClose);
-  if (owned) finish_owned(out, plan, window, tag.slot);
+  if (owned) finish_owned(out, plan, window, tag.slot, fused != nullptr);
   join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
               tag.calls, in_capture);
   profile_.mark(Stage::kFinish);
@@ -232,12 +244,28 @@ void UlyssesGroup::copy_own(const CopyDescriptor& own, const at::Tensor& x, cons
   copy_local(own, x, out);
 }
 
+void UlyssesGroup::launch_fused(FusedNormRope& fused, const std::vector<char*>& windows,
+                                cudaStream_t stream) {
+  TORCH_CHECK(static_cast<int>(windows.size()) == fused.args.peers &&
+                  fused.args.peers <= kernels::kMaxPeers,
+              "fused norm + RoPE: ", windows.size(), " windows for ", fused.args.peers, " ranks");
+  for (int j = 0; j < fused.args.peers; ++j) fused.args.dst[j] = windows[j];
+  FU_CUDA_CHECK(kernels::launch_norm_rope(fused.args, stream));
+}
+
 // M: copy the peers' chunks out of the window into `out` (my own share is already there, from
-// C), then release the window to its writers.
+// C), or the whole output when a fused kernel wrote my own share into the window too; then
+// release the window to its writers.
 void UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan, const Window& window,
-                                int slot) {
+                                int slot, bool whole) {
   char* dst = static_cast<char*>(out.data_ptr());
-  for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, comm_);
+  if (whole) {
+    if (plan.output_bytes > 0)
+      FU_CUDA_CHECK(cudaMemcpyAsync(dst, window.local, plan.output_bytes,
+                                    cudaMemcpyDeviceToDevice, comm_));
+  } else {
+    for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, comm_);
+  }
   const int P = world_size();
   for (int k = 1; k < P; ++k)
     batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeldOwned), 0);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "kernels/norm_rope.h"
 #include "transport/event_pool.h"
 #include "transport/handshake.h"
 #include "transport/host_profile.h"
@@ -33,6 +34,14 @@
 namespace fast_ulysses::transport {
 
 enum class Result { kOwned, kBorrowed };
+
+// The fused QK RMSNorm + RoPE scatter in place of a mode-0 call's copies: `args` without its
+// destinations (the group fills them in), and the tensors the kernel reads besides x (kept alive
+// on the communication stream when the call is deferred).
+struct FusedNormRope {
+  kernels::NormRopeArgs args;
+  std::vector<at::Tensor> reads;
+};
 
 class UlyssesGroup {
  public:
@@ -50,8 +59,10 @@ class UlyssesGroup {
   // valid until the next call with that tag; with barrier == false the closing handshake is
   // left to barrier(). Either way the result is ready in the caller's stream order.
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
+  // With `fused`, one kernel writes every chunk (this rank's own too, into its window) instead
+  // of the copies; an owned result is then copied out of the window whole.
   at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
-                        Result result, bool barrier);
+                        Result result, bool barrier, FusedNormRope* fused = nullptr);
   // Raises ValueError unless x is on the group's device (the ops check it before planning).
   void check_device(const at::Tensor& x) const;
   void reserve(const std::vector<std::string>& tags, const std::vector<int64_t>& window_bytes);
@@ -89,7 +100,9 @@ class UlyssesGroup {
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, bool capturing);
   void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                 cudaStream_t caller);
-  void finish_owned(const at::Tensor& out, const Plan& plan, const Window& window, int slot);
+  void launch_fused(FusedNormRope& fused, const std::vector<char*>& windows, cudaStream_t stream);
+  void finish_owned(const at::Tensor& out, const Plan& plan, const Window& window, int slot,
+                    bool whole);
   // M's closing event joined into the caller's stream, and watched unless capturing.
   void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const std::string> tag,
                    int slot, uint64_t call, bool capturing);

@@ -11,6 +11,7 @@ from ._version import __version__
 from ._ops import cuda_available, cuda_load_error
 from .api import Mode, UlyssesGroupLike
 from .factory import make_group
+from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
 from .torch_group import TorchUlyssesGroup
@@ -27,6 +28,8 @@ __all__ = [
     "cuda_load_error",
     "make_group",
     "plan",
+    "qk_norm_rope_all_to_all",
+    "qk_norm_rope_all_to_all_qk",
     "simulate",
     "TorchUlyssesGroup",
     "UlyssesGroup",

@@ -1,0 +1,86 @@
+#include "ops/norm_rope_ops.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "ops/plan_ops.h"
+
+namespace fast_ulysses::ops {
+namespace {
+
+std::string dims(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+void check_table(const char* name, const at::Tensor& t, const at::Tensor& x, int64_t rows,
+                 int64_t columns) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.dim() == 2 && t.size(0) == rows &&
+                        t.size(1) == columns && t.is_contiguous(),
+                    name, " has shape ", dims(t.sizes()), " and dtype ", t.scalar_type(),
+                    ": it must be a contiguous float32 tensor of shape [", rows, ", ", columns,
+                    "] (this rank's rows, head_dim / 2)");
+  TORCH_CHECK_VALUE(t.device() == x.device(), name, " is on ", t.device(), " but x is on ",
+                    x.device(), ": they must be on one device");
+}
+
+}  // namespace
+
+kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& norm_weight,
+                                      double eps, const at::Tensor& cos, const at::Tensor& sin,
+                                      const std::string& norm, const std::string& rope_style,
+                                      const std::string& layout) {
+  checked_element_size(x);  // 4-d, contiguous, a supported element size
+  TORCH_CHECK_VALUE(layout == "bshd" || layout == "sbhd", "layout='", layout,
+                    "': the fused norm + RoPE scatter takes 'bshd' or 'sbhd'");
+  kernels::NormRopeArgs args;
+  switch (x.scalar_type()) {
+    case at::kBFloat16: args.type = kernels::ElementType::kBFloat16; break;
+    case at::kHalf: args.type = kernels::ElementType::kFloat16; break;
+    case at::kFloat: args.type = kernels::ElementType::kFloat32; break;
+    default:
+      TORCH_CHECK_VALUE(false, "x has dtype ", x.scalar_type(), ": the fused norm + RoPE "
+                        "scatter takes bfloat16, float16 or float32");
+  }
+  TORCH_CHECK_VALUE(norm == "all_heads" || norm == "per_head", "norm='", norm,
+                    "': must be 'all_heads' (Wan: the mean over every head of a token) or "
+                    "'per_head' (HunyuanVideo: the mean over each head)");
+  TORCH_CHECK_VALUE(rope_style == "interleaved" || rope_style == "half", "rope_style='",
+                    rope_style, "': must be 'interleaved' (pairs 2i, 2i+1) or 'half' "
+                    "(rotate-half: pairs i, i + d/2)");
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "eps=", eps, ": must be a finite number > 0");
+  args.sbhd = layout == "sbhd";
+  args.s_local = x.size(args.sbhd ? 0 : 1);
+  args.batch = x.size(args.sbhd ? 1 : 0);
+  args.heads = x.size(2);
+  args.head_dim = x.size(3);
+  TORCH_CHECK_VALUE(args.head_dim % 2 == 0, "x has head_dim ", args.head_dim,
+                    ": RoPE rotates pairs, so head_dim must be even");
+  args.per_head = norm == "per_head";
+  args.half_style = rope_style == "half";
+  args.eps = static_cast<float>(eps);
+  const int64_t weights = args.per_head ? args.head_dim : args.heads * args.head_dim;
+  TORCH_CHECK_VALUE(norm_weight.scalar_type() == at::kFloat && norm_weight.dim() == 1 &&
+                        norm_weight.numel() == weights && norm_weight.is_contiguous(),
+                    "norm_weight has shape ", dims(norm_weight.sizes()), " and dtype ",
+                    norm_weight.scalar_type(), ": norm='", norm, "' needs a contiguous float32 "
+                    "tensor of shape [", weights, "] (",
+                    args.per_head ? "head_dim" : "heads * head_dim", ")");
+  TORCH_CHECK_VALUE(norm_weight.device() == x.device(), "norm_weight is on ",
+                    norm_weight.device(), " but x is on ", x.device(),
+                    ": they must be on one device");
+  check_table("cos", cos, x, args.s_local, args.head_dim / 2);
+  check_table("sin", sin, x, args.s_local, args.head_dim / 2);
+  return args;
+}
+
+void check_norm_rope_op(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
+                        const at::Tensor& cos, const at::Tensor& sin, std::string norm,
+                        std::string rope_style, std::string layout) {
+  check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout);
+}
+
+}  // namespace fast_ulysses::ops

@@ -1,0 +1,139 @@
+"""The fused QK RMSNorm + RoPE scatter: q or k normalised, rotated and sent by the mode-0
+all-to-all in one pass over memory (an opt-in SM path beside the zero-SM copy path).
+
+On `UlyssesGroup` one CUDA kernel reads each token's row once, normalises and rotates it in
+float32, and stores each head straight into the window of the rank that owns it; the call's
+handshake and windows are those of `all_to_all_single_4d`. On `TorchUlyssesGroup` the same math
+runs unfused (`norm_rope_reference`), then the all-to-all. Both check their arguments with the
+same C++ rules (the op `check_norm_rope`), so a bad call reads the same on either group.
+
+The math, per token of this rank's input x (mode-0 layout, bshd or sbhd), in float32, rounded
+to x's dtype once at the end:
+
+- RMSNorm: norm="all_heads" (Wan): y = x * rsqrt(mean(x^2 over the token's N*d values) + eps)
+  * w, w of shape (N*d,); norm="per_head" (HunyuanVideo): the mean is over each head's d
+  values, w of shape (d,).
+- RoPE with c = cos[s, i], t = sin[s, i] (cos, sin: float32 (s_local, d/2), this rank's rows):
+  rope_style="interleaved" (Wan) rotates the pairs (y[2i], y[2i+1]), "half" (rotate-half) the
+  pairs (y[i], y[i+d/2]): (a, b) -> (a*c - b*t, a*t + b*c).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ._ops import ops
+from .api import check_tag
+
+NORMS = ("all_heads", "per_head")
+ROPE_STYLES = ("interleaved", "half")
+
+
+def norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        cos: torch.Tensor, sin: torch.Tensor, *, norm: str = "all_heads",
+                        rope_style: str = "interleaved", layout: str = "bshd") -> torch.Tensor:
+    """The unfused math above, in torch (the fallback's path and the tests' reference).
+
+    Arguments are those of `qk_norm_rope_all_to_all`, checked by the same rules.
+
+    Returns:
+        A tensor shaped and typed like x.
+    """
+    ops.check_norm_rope(x, norm_weight, float(eps), cos, sin, norm, rope_style, layout)
+    xf = x.float()
+    b_s_n_d = xf if layout == "bshd" else xf.transpose(0, 1)  # a (b, s, N, d) view
+    B, S, N, D = b_s_n_d.shape
+    if norm == "all_heads":
+        flat = b_s_n_d.reshape(B, S, N * D)
+        y = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+        y = y.reshape(B, S, N, D)
+    else:
+        y = b_s_n_d * torch.rsqrt(b_s_n_d.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+    c = cos.reshape(1, S, 1, D // 2)
+    t = sin.reshape(1, S, 1, D // 2)
+    if rope_style == "interleaved":
+        a, b = y[..., 0::2], y[..., 1::2]
+        out = torch.stack((a * c - b * t, a * t + b * c), dim=-1).reshape(B, S, N, D)
+    else:
+        a, b = y[..., : D // 2], y[..., D // 2:]
+        out = torch.cat((a * c - b * t, a * t + b * c), dim=-1)
+    out = out if layout == "bshd" else out.transpose(0, 1)
+    return out.to(x.dtype).contiguous()
+
+
+def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: torch.Tensor,
+                            eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                            norm: str = "all_heads", rope_style: str = "interleaved",
+                            seq_splits: Sequence[int] | None = None,
+                            head_splits: Sequence[int] | None = None, layout: str = "bshd",
+                            borrowed: bool = False, barrier: bool = True) -> torch.Tensor:
+    """RMSNorm and RoPE on this rank's q or k, then the mode-0 all-to-all; collective.
+
+    Arguments:
+        group: a `UlyssesGroup` (one fused kernel) or a `TorchUlyssesGroup` (unfused math,
+            then the all-to-all).
+        x: this rank's q or k in mode-0 input layout, (b, s_local, N, d) for bshd or
+            (s_local, b, N, d) for sbhd; bfloat16, float16 or float32; d even.
+        tag, seq_splits, head_splits, layout: as for `all_to_all_single_4d` (bshd or sbhd).
+        norm_weight: float32, (N*d,) for norm="all_heads", (d,) for "per_head".
+        eps: the RMSNorm epsilon (> 0).
+        cos, sin: float32 (s_local, d/2): the angles of this rank's rows.
+        norm: "all_heads" (Wan) or "per_head" (HunyuanVideo).
+        rope_style: "interleaved" (Wan, complex pairs) or "half" (rotate-half).
+        borrowed: return the window (`all_to_all_single_4d_borrowed`'s rules) instead of a new
+            tensor; barrier=False then defers the closing handshake to `group.barrier()`.
+
+    Returns:
+        This rank's mode-0 output, (b, S, head_splits[r], d) for bshd, in x's dtype.
+
+    Raises:
+        ValueError naming the argument and the rule (the C++ check_norm_rope, then the plan's);
+        ValueError for an x that requires grad: the fused path has no backward.
+    """
+    check_tag(tag)
+    if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
+        raise ValueError("x requires grad, but qk_norm_rope_all_to_all has no backward: for "
+                         "training, apply the norm and RoPE with torch, then "
+                         "group.all_to_all_single_4d (autograd-aware)")
+    kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
+    if getattr(group, "fallback", True):
+        y = norm_rope_reference(x, norm_weight, eps, cos, sin, norm=norm,
+                                rope_style=rope_style, layout=layout)
+        if borrowed:
+            return group.all_to_all_single_4d_borrowed(y, 0, tag, barrier=barrier, **kw)
+        return group.all_to_all_single_4d(y, 0, tag, **kw)
+    name = "qk_norm_rope_all_to_all" + ("_borrowed" if borrowed else "")
+    group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
+    return ops.qk_norm_rope_all_to_all(
+        x, tag, group.group_name, norm_weight, float(eps), cos, sin, norm, rope_style,
+        _list(seq_splits), _list(head_splits), layout, bool(borrowed), bool(barrier),
+        group.rank)
+
+
+def qk_norm_rope_all_to_all_qk(group, q: torch.Tensor, k: torch.Tensor,
+                               tags: tuple[str, str] = ("q", "k"), *,
+                               norm_weights: tuple[torch.Tensor, torch.Tensor], eps: float,
+                               cos: torch.Tensor, sin: torch.Tensor, norm: str = "all_heads",
+                               rope_style: str = "interleaved",
+                               seq_splits: Sequence[int] | None = None,
+                               head_splits: Sequence[int] | None = None,
+                               layout: str = "bshd") -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k through `qk_norm_rope_all_to_all` with one closing handshake for both: two
+    borrowed calls with barrier=False, then one `group.barrier()`. Returns the two borrowed
+    results (valid until the next call with their tags); `norm_weights` is (q's, k's)."""
+    if len(tags) != 2 or tags[0] == tags[1]:
+        raise ValueError(f"tags is {tags!r}: it must be two different tags (q's, k's)")
+    out = tuple(
+        qk_norm_rope_all_to_all(group, t, tag, norm_weight=w, eps=eps, cos=cos, sin=sin,
+                                norm=norm, rope_style=rope_style, seq_splits=seq_splits,
+                                head_splits=head_splits, layout=layout, borrowed=True,
+                                barrier=False)
+        for t, tag, w in zip((q, k), tags, norm_weights))
+    group.barrier()
+    return out
+
+
+def _list(values):
+    return None if values is None else [int(v) for v in values]

@@ -1,0 +1,228 @@
+"""torchrun worker: the fused QK RMSNorm + RoPE scatter (`fast_ulysses.qk_norm_rope_all_to_all`)
+on UlyssesGroup against the unfused float32 reference (`fast_ulysses.fused.norm_rope_reference`)
+followed by `fast_ulysses.simulate`, within one unit in the last place of the payload dtype.
+
+    FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 3 \\
+        tests/distributed/fused_correctness.py --shared-gpu
+
+Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N passed, 0 failed"):
+  matrix       both norms x both RoPE styles x bf16/fp16 x bshd/sbhd x owned/borrowed, with uneven
+               sequence and head splits (a rank with no heads included at P >= 3)
+  qk_pair      q and k with one closing handshake (qk_norm_rope_all_to_all_qk)
+  captured     an owned fused call captured in a CUDA graph, replayed with fresh inputs
+  eager_reuse  100 calls back to back on one tag, each checked
+  refusals     bad arguments raise the C++ rule's ValueError before anything is sent; an input
+               that requires grad is refused
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import fast_ulysses as fu
+from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference, \
+    qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from multirank import Report  # noqa: E402
+
+CHECKS = ("matrix", "qk_pair", "captured", "eager_reuse", "refusals")
+D = 64
+EPS = 1e-6
+
+
+def splits(P: int):
+    """(seq_splits, head_splits): uneven, with a rank holding no heads at P >= 3."""
+    seq = [3 + (r % 3) for r in range(P)]
+    heads = [2 + (r % 2) for r in range(P)]
+    if P >= 3:
+        heads[1] = 0
+    return seq, heads
+
+
+def make_args(P, rank, dtype, layout, norm, seed, device, batch=2):
+    """Every rank's x (so every rank can compute the reference) and the shared weight, cos, sin."""
+    seq, heads = splits(P)
+    N = sum(heads)
+    g = torch.Generator().manual_seed(seed)
+    xs = []
+    for r in range(P):
+        shape = (batch, seq[r], N, D) if layout == "bshd" else (seq[r], batch, N, D)
+        xs.append((torch.randn(shape, generator=g) * 3).to(dtype))
+    weight = torch.rand(N * D if norm == "all_heads" else D, generator=g) + 0.5
+    angles = [torch.rand(seq[r], D // 2, generator=g) * 6.28 for r in range(P)]
+    return xs, weight, angles, seq, heads
+
+
+def within_one_ulp(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Element-wise |got - want| <= one ulp of `want`'s dtype at want, or <= float32 noise
+    (2^-20 of the tensor's largest magnitude) where a rotation cancels to near zero and an ulp
+    is smaller than float32's own rounding of the terms (the kernel and the reference sum in
+    different orders)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    inf = torch.full_like(want, float("inf"))
+    ulp = (torch.nextafter(want, inf).float() - want.float()).abs()
+    noise = want.float().abs().max() * 2.0 ** -20 if want.numel() else 0.0
+    return bool(((got.float() - want.float()).abs() <= torch.clamp(ulp, min=noise)).all())
+
+
+def expected(xs, weight, angles, norm, style, layout, seq, heads, rank):
+    ys = [norm_rope_reference(x, weight, EPS, a.cos(), a.sin(), norm=norm, rope_style=style,
+                              layout=layout) for x, a in zip(xs, angles)]
+    return fu.simulate(ys, 0, seq_splits=seq, head_splits=heads, layout=layout)[rank]
+
+
+class Checker:
+    def __init__(self, group, rank, P, device):
+        self.group, self.rank, self.P, self.device = group, rank, P, device
+
+    def call(self, x, weight, angle, tag, norm, style, layout, seq, heads, borrowed):
+        return qk_norm_rope_all_to_all(
+            self.group, x.to(self.device), tag, norm_weight=weight.to(self.device), eps=EPS,
+            cos=angle.cos().to(self.device), sin=angle.sin().to(self.device), norm=norm,
+            rope_style=style, seq_splits=seq, head_splits=heads, layout=layout,
+            borrowed=borrowed)
+
+    def matrix(self) -> str:
+        n = 0
+        for norm, style, dtype, layout, borrowed in itertools.product(
+                NORMS, ROPE_STYLES, (torch.bfloat16, torch.float16),
+                ("bshd", "sbhd"), (False, True)):
+            xs, w, angles, seq, heads = make_args(self.P, self.rank, dtype, layout, norm,
+                                                  seed=1000 + n, device=self.device)
+            got = self.call(xs[self.rank], w, angles[self.rank], "m", norm, style, layout, seq,
+                            heads, borrowed).cpu()
+            want = expected(xs, w, angles, norm, style, layout, seq, heads, self.rank)
+            assert within_one_ulp(got, want), (
+                f"rank {self.rank}: {norm} {style} {dtype} {layout} borrowed={borrowed}: more "
+                f"than one ulp from the reference (max |diff| "
+                f"{(got.float() - want.float()).abs().max().item() if got.shape == want.shape else got.shape})")
+            n += 1
+        return f"matrix: {n} cases within one ulp of norm_rope_reference + simulate"
+
+    def qk_pair(self) -> str:
+        xq, wq, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
+                                               "all_heads", seed=7, device=self.device)
+        xk, wk, _, _, _ = make_args(self.P, self.rank, torch.bfloat16, "bshd", "all_heads",
+                                    seed=8, device=self.device)
+        a = angles[self.rank]
+        q, k = qk_norm_rope_all_to_all_qk(
+            self.group, xq[self.rank].to(self.device), xk[self.rank].to(self.device),
+            ("pq", "pk"), norm_weights=(wq.to(self.device), wk.to(self.device)), eps=EPS,
+            cos=a.cos().to(self.device), sin=a.sin().to(self.device), seq_splits=seq,
+            head_splits=heads)
+        for name, got, xs, w in (("q", q, xq, wq), ("k", k, xk, wk)):
+            want = expected(xs, w, angles, "all_heads", "interleaved", "bshd", seq, heads,
+                            self.rank)
+            assert within_one_ulp(got.cpu(), want), f"rank {self.rank}: qk pair, {name} differs"
+        return "qk_pair: q and k with one closing handshake, both within one ulp"
+
+    def captured(self) -> str:
+        norm, style, layout = "per_head", "half", "bshd"
+        xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, layout, norm,
+                                              seed=11, device=self.device)
+        static_x = xs[self.rank].to(self.device)
+        wd = w.to(self.device)
+        c = angles[self.rank].cos().to(self.device)
+        s = angles[self.rank].sin().to(self.device)
+        kw = dict(norm_weight=wd, eps=EPS, cos=c, sin=s, norm=norm, rope_style=style,
+                  seq_splits=seq, head_splits=heads, layout=layout)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: the window exists before capture
+            qk_norm_rope_all_to_all(self.group, static_x, "g", **kw)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = qk_norm_rope_all_to_all(self.group, static_x, "g", **kw)
+        for replay in range(5):
+            fresh, _, _, _, _ = make_args(self.P, self.rank, torch.bfloat16, layout, norm,
+                                          seed=100 + replay, device=self.device)
+            static_x.copy_(fresh[self.rank].to(self.device))
+            graph.replay()
+            want = expected(fresh, w, angles, norm, style, layout, seq, heads, self.rank)
+            assert within_one_ulp(static_out.cpu(), want), (
+                f"rank {self.rank}: replay {replay} differs from the reference")
+        return "captured: 5 replays of a captured fused call, fresh inputs, within one ulp"
+
+    def eager_reuse(self) -> str:
+        norm, style, layout = "all_heads", "interleaved", "sbhd"
+        for i in range(100):
+            xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.float16, layout,
+                                                  norm, seed=5000 + i, device=self.device)
+            got = self.call(xs[self.rank], w, angles[self.rank], "r", norm, style, layout, seq,
+                            heads, borrowed=bool(i % 2))
+            want = expected(xs, w, angles, norm, style, layout, seq, heads, self.rank)
+            assert within_one_ulp(got.cpu(), want), f"rank {self.rank}: call {i} differs"
+        return "eager_reuse: 100 calls on one tag back to back (owned and borrowed), each checked"
+
+    def refusals(self) -> str:
+        xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
+                                              "all_heads", seed=3, device=self.device)
+        x = xs[self.rank].to(self.device)
+        good = dict(norm_weight=w.to(self.device), eps=EPS, cos=angles[self.rank].cos().to(
+            self.device), sin=angles[self.rank].sin().to(self.device), seq_splits=seq,
+            head_splits=heads)
+        bad = [("norm", dict(good, norm="rms"), "norm='rms'"),
+               ("rope_style", dict(good, rope_style="full"), "rope_style='full'"),
+               ("weight", dict(good, norm_weight=good["norm_weight"][:D]), "norm_weight has"),
+               ("cos", dict(good, cos=good["cos"].double()), "cos has shape"),
+               ("layout", dict(good, layout="bhsd"), "layout='bhsd'")]
+        for name, kw, needle in bad:
+            try:
+                qk_norm_rope_all_to_all(self.group, x, "bad", **kw)
+            except ValueError as error:
+                assert needle in str(error), f"{name}: {error}"
+            else:
+                raise AssertionError(f"rank {self.rank}: bad {name} was accepted")
+        try:
+            qk_norm_rope_all_to_all(self.group, x.clone().requires_grad_(), "bad", **good)
+        except ValueError as error:
+            assert "has no backward" in str(error), str(error)
+        else:
+            raise AssertionError("an input that requires grad was accepted")
+        return f"refusals: {len(bad) + 1} bad calls raise ValueError naming the rule"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="every rank on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    args = parser.parse_args()
+    dist.init_process_group("gloo" if args.shared_gpu else "nccl")
+    rank, P = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    start = time.time()
+    report = Report(rank)
+    group = fu.UlyssesGroup(dist.group.WORLD, 1 << 20)
+    checker = Checker(group, rank, P, device)
+    lines = []
+    for name in CHECKS:
+        with report.check(name) as entry:
+            entry["detail"] = getattr(checker, name)()
+            lines.append(entry["detail"])
+    torch.cuda.synchronize()
+    group.destroy()
+    dist.barrier()
+    if rank == 0:
+        for line in lines:
+            print(f"  ok  {line}")
+        print(f"P={P}, {time.time() - start:.1f} s")
+        print(f"{len(lines)} passed, 0 failed")
+    report.finish()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The fused QK RMSNorm + RoPE scatter's math and its fallback, on CPU: `norm_rope_reference`
+against an independent formulation (torch's rms_norm, complex multiplication for interleaved
+pairs, rotate-half for the half style), the argument rules (the C++ op check_norm_rope), and
+`qk_norm_rope_all_to_all` on TorchUlyssesGroup over 3 gloo ranks against reference + simulate."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import fast_ulysses as fu
+from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference
+from multirank import launch
+
+WORKER = Path(__file__).with_name("_fused_worker.py")
+
+
+def independent(x, w, eps, cos, sin, norm, style, layout):
+    """The issue's formulas written another way, in float64."""
+    x = x.double() if layout == "bshd" else x.double().transpose(0, 1)
+    B, S, N, D = x.shape
+    if norm == "all_heads":
+        y = torch.nn.functional.rms_norm(x, (N, D), w.double().reshape(N, D), eps)
+    else:
+        y = torch.nn.functional.rms_norm(x, (D,), w.double(), eps)
+    angle = torch.atan2(sin.double(), cos.double()).reshape(1, S, 1, D // 2)
+    if style == "interleaved":
+        z = torch.view_as_complex(y.reshape(B, S, N, D // 2, 2).contiguous())
+        out = torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)).reshape(B, S, N, D)
+    else:
+        c = torch.cat((angle.cos(), angle.cos()), -1)
+        s = torch.cat((angle.sin(), angle.sin()), -1)
+        rotated = torch.cat((-y[..., D // 2:], y[..., : D // 2]), -1)
+        out = y * c + rotated * s
+    return out if layout == "bshd" else out.transpose(0, 1)
+
+
+def inputs(layout, norm, dtype=torch.float32, B=2, S=5, N=3, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (B, S, N, D) if layout == "bshd" else (S, B, N, D)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = torch.rand(N * D if norm == "all_heads" else D, generator=g) + 0.5
+    angle = torch.rand(S, D // 2, generator=g) * 6.28
+    return x, w, angle.cos(), angle.sin()
+
+
+@pytest.mark.parametrize("norm,style,layout", list(itertools.product(NORMS, ROPE_STYLES,
+                                                                     ("bshd", "sbhd"))))
+def test_reference_matches_the_formulas(norm, style, layout):
+    x, w, c, s = inputs(layout, norm)
+    got = norm_rope_reference(x, w, 1e-6, c, s, norm=norm, rope_style=style, layout=layout)
+    want = independent(x, w, 1e-6, c, s, norm, style, layout)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_rounds_once_to_the_input_dtype():
+    x, w, c, s = inputs("bshd", "per_head", dtype=torch.bfloat16)
+    got = norm_rope_reference(x, w, 1e-6, c, s, norm="per_head", rope_style="half")
+    want = independent(x, w, 1e-6, c, s, "per_head", "half", "bshd")
+    assert got.dtype == torch.bfloat16
+    # one rounding of a float32 result: within one bf16 ulp of the float64 formula
+    ulp = (torch.nextafter(got, torch.full_like(got, float("inf"))).double() - got.double()).abs()
+    assert bool(((got.double() - want).abs() <= ulp).all())
+
+
+BAD = {
+    "norm": (dict(norm="rms"), "norm='rms': must be 'all_heads'"),
+    "rope_style": (dict(rope_style="full"), "rope_style='full': must be 'interleaved'"),
+    "layout": (dict(layout="bhsd"), "layout='bhsd': the fused norm + RoPE scatter takes"),
+    "weight size": (dict(weight=torch.ones(8)), "norm_weight has shape [8]"),
+    "weight dtype": (dict(weight=torch.ones(24, dtype=torch.float16)), "float32 tensor of shape [24]"),
+    "cos shape": (dict(cos=torch.ones(5, 3)), "cos has shape [5, 3]"),
+    "sin dtype": (dict(sin=torch.ones(5, 4, dtype=torch.float64)), "sin has shape [5, 4] and dtype Double"),
+    "odd d": (dict(x=torch.zeros(2, 5, 3, 7)), "head_dim must be even"),
+    "int x": (dict(x=torch.zeros(2, 5, 3, 8, dtype=torch.int32)), "takes bfloat16, float16 or float32"),
+    "eps": (dict(eps=0.0), "eps=0: must be a finite number > 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_arguments_name_the_rule(case):
+    x, w, c, s = inputs("bshd", "all_heads")
+    args = dict(x=x, weight=w, eps=1e-6, cos=c, sin=s, norm="all_heads", rope_style="half",
+                layout="bshd")
+    change, needle = BAD[case]
+    args.update(change)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        norm_rope_reference(args["x"], args["weight"], args["eps"], args["cos"], args["sin"],
+                            norm=args["norm"], rope_style=args["rope_style"],
+                            layout=args["layout"])
+
+
+def test_fallback_refuses_an_input_that_requires_grad(world1):
+    x, w, c, s = inputs("bshd", "all_heads")
+    group = fu.TorchUlyssesGroup(world1)
+    with pytest.raises(ValueError, match="has no backward"):
+        fu.qk_norm_rope_all_to_all(group, x.requires_grad_(), "q", norm_weight=w, eps=1e-6,
+                                   cos=c, sin=s)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    return launch(WORKER, 3, tmp_path_factory.mktemp("fused"), timeout=240,
+                  env={"CUDA_VISIBLE_DEVICES": ""})
+
+
+@pytest.mark.parametrize("check", ["matches_reference", "qk_pair"])
+def test_fallback_on_gloo_ranks(three_ranks, check):
+    three_ranks.assert_check(check)
+
+
+def test_fallback_ranks_exit_cleanly(three_ranks):
+    three_ranks.assert_clean_exit()
