@@ -344,3 +344,26 @@ def test_bench_cli_flags_and_defaults_in_help():
                     "(default: 0)", "(default: fast-ulysses-results)"):
         assert default in text, default
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_fused_rows_give_time_bandwidth_and_cost_against_the_plain_call():
+    results = _graph_results()
+    r = results["cases"][0]["result"]
+    r["fused"] = {"norm": "all_heads", "rope_style": "interleaved", "fused_ms": 0.25,
+                  "unfused_ms": 0.75, "plain_borrowed_ms": 0.2, "fused_host_us": 9.0,
+                  "bytes_moved": 2 * r["bytes_in"]}
+    table = {row[1]: row for row in report.rows(results)}
+    fused = table["fused norm + RoPE scatter (all_heads, interleaved; GB/s: read + write)"]
+    assert fused[2:] == ["0.250", f"{2 * r['bytes_in'] / 0.25 / 1e6:.1f}", "1.25x plain's time",
+                         "9.0"]
+    assert table["  unfused: torch norm + RoPE, then borrowed"][4] == "3.75x plain's time"
+    assert table["  plain borrowed (no norm, no RoPE)"][4] == "1.00x plain's time"
+
+
+def test_fused_style_follows_the_model():
+    from fast_ulysses.bench.stages import Case, fused_style
+
+    wan = Case("wan-720p", 1, [1], [1], 128, torch.bfloat16)
+    hunyuan = Case("hunyuan-720p", 1, [1], [1], 128, torch.bfloat16)
+    assert fused_style(wan) == ("all_heads", "interleaved")
+    assert fused_style(hunyuan) == ("per_head", "half")

@@ -82,6 +82,19 @@ def rows(results: dict) -> list[list[str]]:
                 continue
             out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
                         NA if host is None else f"{host:.1f}"])
+        f = r.get("fused")
+        if f is not None:
+            style = f"{f['norm']}, {f['rope_style']}"
+            for name, ms, host in (
+                    (f"fused norm + RoPE scatter ({style}; GB/s: read + write)", f["fused_ms"],
+                     f["fused_host_us"]),
+                    ("  unfused: torch norm + RoPE, then borrowed", f["unfused_ms"], None),
+                    ("  plain borrowed (no norm, no RoPE)", f["plain_borrowed_ms"], None)):
+                nbytes = f["bytes_moved"] if name.startswith("fused") else r["bytes_in"]
+                plain = f["plain_borrowed_ms"]
+                cost = NA if not plain or ms is None else f"{ms / plain:.2f}x plain's time"
+                out.append([label, name, _ms(ms), _gbps(nbytes, ms), cost,
+                            NA if host is None else f"{host:.1f}"])
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
             out.append([label, f"overlap {name}", overlap_text(r.get(key)), "", "", ""])
     return out

@@ -194,6 +194,8 @@ def run_case(case: Case, mode: int, ctx) -> dict:
         r["fast_overlap"] = measure_overlap(ctx, copy)
     if ctx.baseline_group is not None:
         r.update(run_baseline(case, mode, ctx, x, copy))
+    if getattr(ctx, "fused", False) and mode == 0:
+        r["fused"] = run_fused(case, ctx, x)
     if ctx.graph:  # own tags: one eager call sizes their windows, then capture and replay
         g_copy, g_borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}-g",
                                            case.kwargs())
@@ -218,3 +220,38 @@ def run_baseline(case: Case, mode: int, ctx, x, copy) -> dict:
     # Check, not time: the baseline and the fast path agree bit for bit.
     r["baseline_matches_fast"] = bool(torch.equal(base.full(x), copy()))
     return r
+
+
+def fused_style(case: Case) -> tuple[str, str]:
+    """(norm, rope_style) a model of `case` uses: HunyuanVideo per-head + rotate-half, Wan (and
+    anything else) all-heads + interleaved."""
+    return ("per_head", "half") if "hunyuan" in case.name else ("all_heads", "interleaved")
+
+
+def run_fused(case: Case, ctx, x: torch.Tensor) -> dict:
+    """Mode 0 of q with RMSNorm + RoPE: the fused scatter against the unfused torch sequence
+    (norm_rope_reference, then the borrowed all-to-all) and the plain borrowed all-to-all, each
+    on its own tag. `bytes_moved` is what the fused kernel reads and writes (x in, x out)."""
+    from ..fused import norm_rope_reference, qk_norm_rope_all_to_all
+
+    norm, style = fused_style(case)
+    b, s, n, d = x.shape  # bshd
+    g = torch.Generator(device="cpu").manual_seed(0)
+    weight = (torch.rand(n * d if norm == "all_heads" else d, generator=g) + 0.5).to(ctx.device)
+    angle = (torch.rand(s, d // 2, generator=g) * 6.28).to(ctx.device)
+    kw = dict(norm_weight=weight, eps=1e-6, cos=angle.cos(), sin=angle.sin(), norm=norm,
+              rope_style=style)
+    split = case.kwargs()
+    tag = f"{case.name}-fused"
+    fused = lambda: qk_norm_rope_all_to_all(ctx.fast, x, tag, borrowed=True, **kw,  # noqa: E731
+                                            **split)
+    unfused = lambda: ctx.fast.all_to_all_single_4d_borrowed(  # noqa: E731
+        norm_rope_reference(x, rope_style=style, norm=norm,
+                            **{k: kw[k] for k in ("norm_weight", "eps", "cos", "sin")}),
+        0, tag + "-u", **split)
+    plain = lambda: ctx.fast.all_to_all_single_4d_borrowed(x, 0, tag + "-p", **split)  # noqa: E731
+    it, wu = ctx.iters, ctx.warmup
+    return {"norm": norm, "rope_style": style,
+            "fused_ms": median_ms(fused, it, wu), "unfused_ms": median_ms(unfused, it, wu),
+            "plain_borrowed_ms": median_ms(plain, it, wu), "fused_host_us": host_us(fused, it),
+            "bytes_moved": 2 * x.numel() * x.element_size()}

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="overlap measurements per collective (median and spread reported)")
     p.add_argument("--graph", action="store_true",
                    help="also time CUDA-graph replays of one captured call of each entry point")
+    p.add_argument("--fused", action="store_true",
+                   help="mode 0 also times the fused QK RMSNorm + RoPE scatter against the "
+                        "unfused torch sequence and the plain borrowed call")
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to spawn when not under torchrun (default: GPU count)")
     p.add_argument("--shared-gpu", action="store_true",
@@ -141,7 +144,7 @@ def worker(args) -> dict | None:
     ctx = SimpleNamespace(rank=rank, device=device, iters=args.iters, warmup=args.warmup,
                           fast=fu.UlyssesGroup(dist.group.WORLD, 0), gemm_size=args.gemm_size,
                           gemms=args.gemms, overlap_repeats=args.overlap_repeats,
-                          graph=args.graph)
+                          graph=args.graph, fused=args.fused)
     ctx.baseline_group, note = dist.group.WORLD, "torch.distributed all_to_all_single (NCCL)"
     if args.shared_gpu and P > 1:
         ctx.baseline_group, note = None, "n/a: NCCL cannot run with ranks sharing one GPU"
