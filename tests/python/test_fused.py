@@ -116,3 +116,15 @@ def test_fallback_on_gloo_ranks(three_ranks, check):
 
 def test_fallback_ranks_exit_cleanly(three_ranks):
     three_ranks.assert_clean_exit()
+
+
+def test_the_wan_fused_attention_example_matches_one_process():
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "wan_fused_attention.py"
+    result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Wan attention block, 12 heads" in result.stdout and ": ok" in result.stdout, \
+        result.stdout
