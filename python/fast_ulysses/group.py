@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ._ops import cuda_load_error, ops
 from .api import as_mode, check_tag, group_repr
+from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import DEBUG_ENV, check_agreement, debug_enabled  # noqa: F401 (DEBUG_ENV: re-export)
 from .topology import SHARED_GPU_ENV
 
@@ -76,7 +77,7 @@ class UlyssesGroup:
 
     # -- the collectives -------------------------------------------------------------------
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *,
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
                              seq_splits: Sequence[int] | None = None,
                              head_splits: Sequence[int] | None = None,
                              layout: str = "bshd") -> torch.Tensor:
@@ -87,8 +88,11 @@ class UlyssesGroup:
             A new tensor the caller owns, ready in the current stream's order (the stream
             waits for the transfer on the device; the host never does), as with
             `dist.all_to_all_single`. To overlap the transfer with other work, call it on a
-            side stream.
+            side stream. Differentiable: its backward is mode 1 - m on
+            `fast_ulysses.autograd.backward_tag(tag)`. tag=None picks
+            `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
         """
+        tag = resolve_tag(tag, x, mode, layout)
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
         return ops.all_to_all_single_4d(x, as_mode(mode), tag, self.group_name, _list(seq_splits),
                                         _list(head_splits), layout, self.rank)
@@ -107,7 +111,12 @@ class UlyssesGroup:
         Under torch.compile this traces as `all_to_all_single_4d` (an owned result, closed by
         its own handshake): CUDA-graph trees (mode="reduce-overhead") refuse a graph output that
         lives outside their memory pool, as a window does. Results are the same.
+
+        The tag must be given, and an input that requires grad raises ValueError
+        (`fast_ulysses.autograd.check_borrowed_grad`: use the owned call for gradients).
         """
+        check_borrowed_tag(tag)
+        check_borrowed_grad(x)
         if torch.compiler.is_compiling():
             return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
                                              head_splits=head_splits, layout=layout)
