@@ -6,7 +6,7 @@ ProcessGroup (the registry's group) and both layouts, even and uneven splits (he
 not divide, a sequence it does not divide):
 - attention_P<p>: forward and q/k/v gradients match single-process SDPA over the whole
   sequence and every head (float32 tolerances), and the inference path (borrowed q, k, v and one
-  barrier, under no_grad) gives the same output bit for bit as the training path;
+  barrier, under no_grad) gives the training path's output (same tolerances);
 - registry_P<p>: group_for(pg) builds one group per ProcessGroup and returns it again.
 """
 
@@ -78,7 +78,9 @@ def check_attention(pg, P, device) -> int:
                                        msg=lambda m: f"{name} {layout} {label}.grad: {m}")
         with torch.no_grad():
             infer = module(ql, kl, vl, **kw)
-        assert torch.equal(infer, out.detach()), f"{name} {layout}: inference path differs"
+        # SDPA may pick another kernel without grad (on a GPU): close, not bit-exact.
+        torch.testing.assert_close(infer, out.detach(),
+                                   msg=lambda m: f"{name} {layout} inference path: {m}")
         count += 1
     return count
 

@@ -1,0 +1,73 @@
+"""Autograd, UlyssesAttention and the framework adapters on the fast group: the CPU tests'
+workers (tests/python/_autograd_worker.py, _attention_worker.py, _integrations_worker.py) run
+with --shared-gpu, P = 1, 2, 3 ranks sharing this machine's first GPU (UlyssesGroup over
+gloo), one launch per worker, one test per check and P. Plus torch.compile of a backward through
+the op, in process. They skip, saying why, where no GPU is visible."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from _gpu import needs_gpu
+
+PYTHON_TESTS = Path(__file__).resolve().parents[1] / "python"
+sys.path.insert(0, str(PYTHON_TESTS))
+
+import _attention_worker  # noqa: E402
+import _autograd_worker  # noqa: E402
+import _integrations_worker  # noqa: E402
+
+WORLD = 3
+TIMEOUT_S = 480
+WORKERS = {"autograd": _autograd_worker, "attention": _attention_worker,
+           "integrations": _integrations_worker}
+
+
+def cases():
+    return [(name, check) for name, module in WORKERS.items()
+            for check in module.check_names(WORLD)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("worker,check", cases())
+def test_fast_group_check(shared_gpu_runs, worker, check):
+    run = shared_gpu_runs(Path(WORKERS[worker].__file__), WORLD, timeout=TIMEOUT_S)
+    P = int(check.rsplit("_P", 1)[1])
+    run.assert_check(check, ranks=range(WORLD - P, WORLD))
+
+
+@needs_gpu
+@pytest.mark.parametrize("worker", sorted(WORKERS))
+def test_fast_group_run_ends_cleanly(shared_gpu_runs, worker):
+    shared_gpu_runs(Path(WORKERS[worker].__file__), WORLD, timeout=TIMEOUT_S).assert_clean_exit()
+
+
+@needs_gpu
+def test_compile_traces_the_backward():
+    """torch.compile (aot_eager) traces the op's registered backward: x.grad of a compiled
+    round trip through mode 0 and mode 1 equals the eager one (P = 1, in process)."""
+    import torch.distributed as dist
+
+    import fast_ulysses as fu
+
+    store = tempfile.NamedTemporaryFile(delete=False)
+    dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1)
+    try:
+        group = fu.UlyssesGroup(dist.group.WORLD, 1 << 20)
+
+        def step(t):
+            return group.all_to_all_single_4d(group.all_to_all_single_4d(t, 0, "c0"), 1, "c1")
+
+        x = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        w = torch.randn_like(x)
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        (compiled(x) * w).sum().backward()
+        assert torch.equal(x.grad, w)
+        group.destroy()
+    finally:
+        dist.destroy_process_group()
