@@ -55,10 +55,18 @@ def auto_tag(x: torch.Tensor, mode, layout: str = "bshd") -> str:
 
 
 def resolve_tag(tag, x, mode, layout) -> str:
-    """`tag` itself, or `auto_tag(x, mode, layout)` for None (the tag rule is checked later)."""
-    if tag is None and isinstance(x, torch.Tensor):
-        return auto_tag(x, mode, layout)
-    return tag
+    """`tag` itself, or `auto_tag(x, mode, layout)` for None (the tag rule is checked later).
+
+    Raises:
+        ValueError (the input rule's) for tag=None with an x that is not a tensor.
+    """
+    if tag is not None:
+        return tag
+    if not isinstance(x, torch.Tensor):
+        from .validation import check_input
+
+        check_input(x)  # raises, naming x
+    return auto_tag(x, mode, layout)
 
 
 def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None:
