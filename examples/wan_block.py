@@ -13,10 +13,13 @@ runs the same block on the whole sequence in one process (the reference) and che
 Uneven splits on purpose: heads that P does not divide (12 heads on 8 ranks by default with 8
 GPUs; --heads 5 on 3 CPU ranks in the test) and a sequence that P does not divide.
 
-With GPUs: one rank per GPU (up to 8), NCCL, bfloat16 (bf16 tolerances). Without: --nproc CPU
-ranks over gloo, float32. It prints what it ran and exits 1 if a check fails.
+With GPUs: one rank per GPU (up to 8), NCCL, bfloat16 (bf16 tolerances). With --shared-gpu:
+--nproc ranks on the first GPU over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1, a testing mode: 12
+heads on 8 ranks with one GPU). Without a GPU: --nproc CPU ranks over gloo, float32. It prints
+what it ran and exits 1 if a check fails.
 
     python examples/wan_block.py [--heads 12 --head-dim 64 --seq 1001 --steps 3 --nproc 3]
+    python examples/wan_block.py --shared-gpu --nproc 8
 """
 
 from __future__ import annotations
@@ -82,14 +85,26 @@ def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item() / scale
 
 
+def all_reduce_(t: torch.Tensor, backend: str, op=dist.ReduceOp.SUM) -> None:
+    """In-place all-reduce; through the CPU on gloo (ranks sharing a GPU)."""
+    if backend == "nccl" or t.device.type == "cpu":
+        dist.all_reduce(t, op=op)
+        return
+    host = t.cpu()
+    dist.all_reduce(host, op=op)
+    t.copy_(host)
+
+
 def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
-    dist.init_process_group("nccl" if use_gpu else "gloo", init_method=f"file://{store}",
-                            rank=rank, world_size=world_size)
-    device = torch.device("cuda", rank) if use_gpu else torch.device("cpu")
+    backend = "nccl" if use_gpu and not args.shared_gpu else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
+                            world_size=world_size)
+    index = 0 if args.shared_gpu else rank
+    device = torch.device("cuda", index) if use_gpu else torch.device("cpu")
     if use_gpu:
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if use_gpu else torch.float32
-    tolerance = 3e-2 if use_gpu else 1e-4
+    tolerance = 5e-2 if use_gpu else 1e-4  # bfloat16 keeps 8 bits of mantissa
     seq, heads = even_splits(args.seq, world_size), even_splits(args.heads, world_size)
     start, rows = sum(seq[:rank]), seq[rank]
     dim = args.heads * args.head_dim
@@ -119,9 +134,9 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
                            reduction="sum") / target.numel()
         local.backward()
         for p in model.parameters():  # the data-parallel-style sum of the ranks' gradients
-            dist.all_reduce(p.grad)
+            all_reduce_(p.grad, backend)
         loss = local.detach().clone()
-        dist.all_reduce(loss)
+        all_reduce_(loss, backend)
         if step == 0:
             report["forward"] = max_rel(out.detach(), out_ref.detach()[:, start:start + rows])
             report["x.grad"] = max_rel(x.grad, x_ref.grad[:, start:start + rows])
@@ -133,12 +148,13 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
         ref_opt.zero_grad(), opt.zero_grad()
     report["losses"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     ok = torch.tensor([int(all(v <= tolerance for v in report.values()))], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    all_reduce_(ok, backend, op=dist.ReduceOp.MIN)
     if rank == 0:
         kind = "fast path (UlyssesGroup)" if not group.fallback else \
             f"torch.distributed fallback (TorchUlyssesGroup: {group.fallback_reason})"
-        print(f"Wan-like attention block: {world_size} ranks on "
-              f"{'GPUs, bfloat16' if use_gpu else 'CPU (gloo), float32'}, {kind}")
+        where = ("one shared GPU (gloo), bfloat16" if args.shared_gpu else "GPUs, bfloat16") \
+            if use_gpu else "CPU (gloo), float32"
+        print(f"Wan-like attention block: {world_size} ranks on {where}, {kind}")
         print(f"{args.heads} heads of {args.head_dim} (head_splits {heads}), sequence "
               f"{args.seq} (seq_splits {seq}), batch {args.batch}, {args.steps} SGD steps")
         for name, value in report.items():
@@ -160,10 +176,19 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="SGD steps")
     parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument("--nproc", type=int, default=3, help="CPU ranks where there is no GPU")
+    parser.add_argument("--nproc", type=int, default=3,
+                        help="ranks without a GPU, or with --shared-gpu")
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="--nproc ranks sharing the first GPU (a testing mode)")
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
-    world_size = min(torch.cuda.device_count(), 8) if use_gpu else args.nproc
+    if args.shared_gpu and not use_gpu:
+        parser.error("--shared-gpu: no CUDA GPU is visible")
+    if args.shared_gpu:  # the opt-in, and multicast off as in every shared-GPU run
+        os.environ["FAST_ULYSSES_ALLOW_SHARED_GPU"] = "1"
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    world_size = args.nproc if args.shared_gpu or not use_gpu else \
+        min(torch.cuda.device_count(), 8)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             mp.spawn(worker, args=(world_size, os.path.join(tmp, "store"), use_gpu, args),
