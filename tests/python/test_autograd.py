@@ -96,3 +96,18 @@ def test_torch_group_result_requires_grad_only_with_grad(world1):
     assert group.all_to_all_single_4d(x, 0, "t").requires_grad
     with torch.no_grad():
         assert not group.all_to_all_single_4d(x, 0, "t").requires_grad
+
+
+def test_tag_none_with_a_non_tensor_names_x(world1):
+    with pytest.raises(ValueError, match="^x is a list: it must be a torch.Tensor$"):
+        fu.TorchUlyssesGroup(world1).all_to_all_single_4d([1, 2], 0)
+
+
+def test_double_backward_on_the_torch_group(world1):
+    """The backward is itself differentiable (it is the group's own entry point)."""
+    group = fu.TorchUlyssesGroup(world1)
+    x = torch.randn(1, 2, 2, 8, requires_grad=True)
+    y = group.all_to_all_single_4d(x, 0, "t")
+    (g,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+    g.sum().backward()
+    assert torch.equal(g, 2 * x) and torch.equal(x.grad, torch.full_like(x, 2.0))
