@@ -8,7 +8,9 @@ may still be in use). Gradients are therefore bit-exact.
 - The fast group: `torch.library.register_autograd` on the C++-defined op
   `fast_ulysses::all_to_all_single_4d` (registered when `fast_ulysses` is imported), so eager
   autograd and torch.compile see the same backward. `..._borrowed` gets an Autograd kernel
-  that applies the borrowed rule below and records no backward.
+  that applies the borrowed rule below and records no backward. Both kernels are Python, so
+  UlyssesGroup's eager calls that need no grad dispatch below autograd and skip them (about
+  20 us of host time per call, measured on meta tensors).
 - TorchUlyssesGroup: a `torch.autograd.Function` around its exchange (`TorchAllToAll`).
 
 Borrowed results and autograd: a borrowed result is the receive window, overwritten by the next
@@ -124,11 +126,10 @@ def _borrowed_autograd(keyset, *args, **kwargs):
 
 def register_op_autograd() -> None:
     """Registers the backward of the two collective ops (once; `fast_ulysses` calls it)."""
-    global _registered
+    global _registered, _library
     if _registered:
         return
     torch.library.register_autograd(_OWNED, _backward_owned, setup_context=_setup_owned)
-    global _library
     _library = torch.library.Library("fast_ulysses", "IMPL")
     _library.impl("all_to_all_single_4d_borrowed", _borrowed_autograd, "Autograd",
                   with_keyset=True)

@@ -94,8 +94,12 @@ class UlyssesGroup:
         """
         tag = resolve_tag(tag, x, mode, layout)
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        return ops.all_to_all_single_4d(x, as_mode(mode), tag, self.group_name, _list(seq_splits),
-                                        _list(head_splits), layout, self.rank)
+        args = (x, as_mode(mode), tag, self.group_name, _list(seq_splits), _list(head_splits),
+                layout, self.rank)
+        if x.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return ops.all_to_all_single_4d(*args)
+        with torch._C._AutoDispatchBelowAutograd():  # skips the Python autograd kernel
+            return ops.all_to_all_single_4d(*args)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,
@@ -122,9 +126,10 @@ class UlyssesGroup:
                                              head_splits=head_splits, layout=layout)
         self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
                           head_splits, layout, barrier)
-        return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
-                                                 _list(seq_splits), _list(head_splits), layout,
-                                                 bool(barrier), self.rank)
+        with torch._C._AutoDispatchBelowAutograd():  # no grad (checked): skip autograd
+            return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
+                                                     _list(seq_splits), _list(head_splits),
+                                                     layout, bool(barrier), self.rank)
 
     def barrier(self) -> None:
         """Closes every deferred borrowed call (barrier=False): stream-ordered on the caller's
