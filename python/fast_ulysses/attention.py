@@ -68,8 +68,8 @@ class UlyssesAttention(torch.nn.Module):
     sequence shards (bshd: (b, seq_splits[r], N, d)), with one head count N for q, k and v,
     and returns this rank's output shaped like q. Without grad, q, k and v travel as borrowed
     calls (barrier=False) closed by one `group.barrier()`; when any of them requires grad they
-    travel as owned calls (borrowed results cannot be saved for backward). The output always
-    returns as an owned call.
+    travel as owned calls (borrowed results cannot be saved for backward), as they do under
+    torch.compile (where `barrier()` cannot run). The output always returns as an owned call.
     """
 
     def __init__(self, group=None, attn_fn: Callable | None = None,
@@ -92,7 +92,8 @@ class UlyssesAttention(torch.nn.Module):
                                  f"{tuple(q.shape)}: q, k and v must have one shape")
         kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
         qkv = [t.contiguous() for t in (q, k, v)]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in qkv):
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in qkv)
+        if needs_grad or torch.compiler.is_compiling():  # barrier() is eager only
             heads = [group.all_to_all_single_4d(t, 0, tag, **kw)
                      for t, tag in zip(qkv, self.tags)]
         else:
