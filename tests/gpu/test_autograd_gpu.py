@@ -91,3 +91,31 @@ def test_wan_block_on_a_shared_gpu():
     assert result.returncode == 0, out
     assert "8 ranks on one shared GPU (gloo), bfloat16, fast path (UlyssesGroup)" in out, out
     assert "head_splits [2, 2, 2, 2, 1, 1, 1, 1]" in out and ": True" in out, out
+
+
+@needs_gpu
+def test_compile_ulysses_attention():
+    """UlyssesAttention under torch.compile (aot_eager, fullgraph), with and without grad: the
+    same output and gradient as eager (P = 1, in process)."""
+    import torch.distributed as dist
+
+    import fast_ulysses as fu
+
+    store = tempfile.NamedTemporaryFile(delete=False)
+    dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1)
+    try:
+        group = fu.UlyssesGroup(dist.group.WORLD, 1 << 20)
+        attn = fu.UlyssesAttention(group)
+        compiled = torch.compile(attn, backend="aot_eager", fullgraph=True)
+        q = torch.randn(1, 64, 4, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        want = attn(q, q, q)
+        want.sum().backward()
+        want_grad, q.grad = q.grad, None
+        got = compiled(q, q, q)
+        got.sum().backward()
+        assert torch.equal(got, want) and torch.equal(q.grad, want_grad)
+        with torch.no_grad():
+            assert torch.equal(compiled(q, q, q), attn(q, q, q))
+        group.destroy()
+    finally:
+        dist.destroy_process_group()
