@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dnn
 import torch.nn.functional as F
 
+from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -164,6 +165,7 @@ def main() -> int:
                 for name, fn in CHECKS:
                     with report.check(f"{name}_P{P}"):
                         fn(pg, P, device)
+                group_for(pg).destroy()  # the registry's group for pg (collective)
             dist.barrier()
     except Exception:  # noqa: BLE001 - report everything, then fail this rank
         traceback.print_exc()
