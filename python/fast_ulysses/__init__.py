@@ -10,12 +10,17 @@ GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 from ._version import __version__
 from ._ops import cuda_available, cuda_load_error
 from .api import Mode, UlyssesGroupLike
+from .autograd import auto_tag, backward_tag, register_op_autograd
 from .factory import make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
 from .torch_group import TorchUlyssesGroup
 from .validation import CallSpec
+from .attention import UlyssesAttention
+from . import integrations  # noqa: F401  (fast_ulysses.integrations.<framework>)
+
+register_op_autograd()
 
 __all__ = [
     "__version__",
@@ -33,5 +38,9 @@ __all__ = [
     "simulate",
     "TorchUlyssesGroup",
     "UlyssesGroup",
+    "UlyssesAttention",
     "UlyssesGroupLike",
+    "auto_tag",
+    "backward_tag",
+    "integrations",
 ]

@@ -67,7 +67,7 @@ class UlyssesGroupLike(Protocol):
     fallback: bool
     fallback_reason: str
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *,
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
                              seq_splits: Sequence[int] | None = None,
                              head_splits: Sequence[int] | None = None,
                              layout: str = "bshd") -> torch.Tensor: ...

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ._ops import cuda_load_error, ops
 from .api import as_mode, check_tag, group_repr
+from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled
 from .policy import Decision, decide
 from .topology import shared_gpu_pair
@@ -80,7 +81,7 @@ class UlyssesGroup:
 
     # -- the collectives -------------------------------------------------------------------
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *,
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
                              seq_splits: Sequence[int] | None = None,
                              head_splits: Sequence[int] | None = None,
                              layout: str = "bshd") -> torch.Tensor:
@@ -91,11 +92,18 @@ class UlyssesGroup:
             A new tensor the caller owns, ready in the current stream's order (the stream
             waits for the transfer on the device; the host never does), as with
             `dist.all_to_all_single`. To overlap the transfer with other work, call it on a
-            side stream.
+            side stream. Differentiable: its backward is mode 1 - m on
+            `fast_ulysses.autograd.backward_tag(tag)`. tag=None picks
+            `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
         """
+        tag = resolve_tag(tag, x, mode, layout)
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        return ops.all_to_all_single_4d(x, as_mode(mode), tag, self.group_name, _list(seq_splits),
-                                        _list(head_splits), layout, self.rank)
+        args = (x, as_mode(mode), tag, self.group_name, _list(seq_splits), _list(head_splits),
+                layout, self.rank)
+        if x.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return ops.all_to_all_single_4d(*args)
+        with torch._C._AutoDispatchBelowAutograd():  # skips the Python autograd kernel
+            return ops.all_to_all_single_4d(*args)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,
@@ -111,15 +119,21 @@ class UlyssesGroup:
         Under torch.compile this traces as `all_to_all_single_4d` (an owned result, closed by
         its own handshake): CUDA-graph trees (mode="reduce-overhead") refuse a graph output that
         lives outside their memory pool, as a window does. Results are the same.
+
+        The tag must be given, and an input that requires grad raises ValueError
+        (`fast_ulysses.autograd.check_borrowed_grad`: use the owned call for gradients).
         """
+        check_borrowed_tag(tag)
+        check_borrowed_grad(x)
         if torch.compiler.is_compiling():
             return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
                                              head_splits=head_splits, layout=layout)
         self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
                           head_splits, layout, barrier)
-        return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
-                                                 _list(seq_splits), _list(head_splits), layout,
-                                                 bool(barrier), self.rank)
+        with torch._C._AutoDispatchBelowAutograd():  # no grad (checked): skip autograd
+            return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
+                                                     _list(seq_splits), _list(head_splits),
+                                                     layout, bool(barrier), self.rank)
 
     def barrier(self) -> None:
         """Closes every deferred borrowed call (barrier=False): stream-ordered on the caller's

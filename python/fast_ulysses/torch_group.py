@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from .api import check_tag, group_repr
+from .api import as_mode, check_tag, group_repr
+from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled
 from .plan import Plan
 from .validation import plan_call, window_bytes_by_tag
@@ -79,22 +80,25 @@ class TorchUlyssesGroup:
         self._calls = 0
         self._tags: set[str] = set()
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str, *, seq_splits=None,
-                             head_splits=None, layout: str = "bshd") -> torch.Tensor:
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
+                             seq_splits=None, head_splits=None,
+                             layout: str = "bshd") -> torch.Tensor:
         """One Ulysses all-to-all; collective: every rank makes the same call.
 
         Arguments:
             x: this rank's input, 4-d contiguous, in `layout` order: mode 0
                 (b, seq_splits[r], N, d), mode 1 (b, S, head_splits[r], d) (bshd).
             mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ.
-            tag: the call's window name, a non-empty str (there is no window here).
+            tag: the call's window name, a non-empty str (there is no window here); None picks
+                `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
             seq_splits, head_splits: per-rank rows / heads; None means even.
             layout: "bshd" or "sbhd".
 
         Returns:
             A new contiguous plain tensor of the plan's output shape that the caller owns,
             ready in the current stream's order (it has waited for the collective: on NCCL a
-            stream wait, not a host block), as with `dist.all_to_all_single`.
+            stream wait, not a host block), as with `dist.all_to_all_single`. Differentiable:
+            its backward is mode 1 - m on `fast_ulysses.autograd.backward_tag(tag)`.
 
         Raises:
             ValueError with the plan's message for a bad shape, split, mode or layout, the
@@ -102,6 +106,7 @@ class TorchUlyssesGroup:
             on every rank when any rank's call is invalid or differs. RuntimeError after
             `destroy()`.
         """
+        tag = resolve_tag(tag, x, mode, layout)
         return self._call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
@@ -109,7 +114,11 @@ class TorchUlyssesGroup:
                                       barrier: bool = True) -> torch.Tensor:
         """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
         `barrier` changes nothing (FAST_ULYSSES_DEBUG=1 still checks that every rank passes
-        the same). Arguments, returns and raises as `all_to_all_single_4d`."""
+        the same). Arguments, returns and raises as `all_to_all_single_4d`; as on UlyssesGroup,
+        the tag must be given and an input that requires grad raises ValueError
+        (`fast_ulysses.autograd.check_borrowed_grad`)."""
+        check_borrowed_tag(tag)
+        check_borrowed_grad(x)
         return self._call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits, head_splits,
                           layout, bool(barrier))
 
@@ -157,7 +166,10 @@ class TorchUlyssesGroup:
         p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
                       head_splits=head_splits, layout=layout)
         self._tags.add(tag)
-        return _exchange(x, p, self.process_group)
+        if not (x.requires_grad and torch.is_grad_enabled()):
+            return _exchange(x, p, self.process_group)
+        return TorchAllToAll.apply(x, self, lambda: _exchange(x, p, self.process_group),
+                                   as_mode(mode), tag, seq_splits, head_splits, layout)
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -139,7 +139,7 @@ def tag_rule_message(tag) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("tag", ["", 3, None, b"q"])
+@pytest.mark.parametrize("tag", ["", 3, b"q"])
 def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
     want = tag_rule_message(tag)
     assert want == f"tag is {tag!r}: a tag must be a non-empty str"
@@ -154,6 +154,15 @@ def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
         torch_group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, tag)])
     assert str(info.value) == f"calls[0]: {want}"
     assert fast_group.recorder.calls == []  # nothing reached the op
+
+
+def test_tag_none_is_auto_for_owned_calls_and_refused_for_borrowed(world1, fast_group):
+    x = torch.zeros(1, 2, 2, 8)
+    for group in (TorchUlyssesGroup(world1), fast_group):
+        with pytest.raises(ValueError, match="^tag is None: a borrowed call needs an explicit"):
+            group.all_to_all_single_4d_borrowed(x, 0, None)
+        group.all_to_all_single_4d(x, 0, None)
+    assert [args[2] for _, args in fast_group.recorder.calls] == [fu.auto_tag(x, 0)]
 
 
 def test_fast_group_debug_asks_the_ops_device_rule_before_the_call(fast_group):

@@ -1,0 +1,205 @@
+"""A Wan-like DiT attention block with Ulysses sequence parallelism, checked against one rank.
+
+The block: q, k, v projections, RMSNorm of q and k over all heads (the whole hidden dimension,
+as Wan does), rotary position embedding at each token's global position, attention
+(`fast_ulysses.UlyssesAttention`: q, k, v to head shards, SDPA, the output back to sequence
+shards), and the output projection. P ranks each hold a slice of the sequence; every rank also
+runs the same block on the whole sequence in one process (the reference) and checks:
+
+- forward: its output rows and x's gradient match the reference's;
+- backward: the weight gradients, summed over ranks, match the reference's;
+- training: a few SGD steps on random data give the same losses.
+
+Uneven splits on purpose: heads that P does not divide (12 heads on 8 ranks by default with 8
+GPUs; --heads 5 on 3 CPU ranks in the test) and a sequence that P does not divide.
+
+With GPUs: one rank per GPU (up to 8), NCCL, bfloat16 (bf16 tolerances). With --shared-gpu:
+--nproc ranks on the first GPU over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1, a testing mode: 12
+heads on 8 ranks with one GPU). Without a GPU: --nproc CPU ranks over gloo, float32. It prints
+what it ran and exits 1 if a check fails.
+
+    python examples/wan_block.py [--heads 12 --head-dim 64 --seq 1001 --steps 3 --nproc 3]
+    python examples/wan_block.py --shared-gpu --nproc 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import fast_ulysses as fu
+
+
+def even_splits(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if r < total % parts else 0) for r in range(parts)]
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (b, s, n, d) at `positions` (s,): pairs of channels rotated by
+    position * 10000^(-2i/d)."""
+    d = x.shape[-1]
+    inv_freq = 10000.0 ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (s, d/2)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    x0, x1 = x.float().unflatten(-1, (d // 2, 2)).unbind(-1)
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+class WanAttentionBlock(torch.nn.Module):
+    """Self-attention of a Wan-like DiT block. `attention`: a UlyssesAttention for the
+    sequence-parallel run, None for plain SDPA on the whole sequence."""
+
+    def __init__(self, dim: int, heads: int, attention: torch.nn.Module | None = None):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
+        self.norm_q, self.norm_k = torch.nn.RMSNorm(dim, eps=1e-6), torch.nn.RMSNorm(dim, eps=1e-6)
+        self.attention = attention
+
+    def forward(self, x, positions, seq_splits=None, head_splits=None):
+        b, s, dim = x.shape
+        shape = (b, s, self.heads, dim // self.heads)
+        q = rope(self.norm_q(self.q(x)).view(shape), positions)
+        k = rope(self.norm_k(self.k(x)).view(shape), positions)
+        v = self.v(x).view(shape)
+        if self.attention is None:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2)).transpose(1, 2)
+        else:
+            o = self.attention(q, k, v, seq_splits=seq_splits, head_splits=head_splits)
+        return self.o(o.reshape(b, s, dim))
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| relative to max |b| (0 for two zero tensors)."""
+    scale = b.float().abs().max().item() or 1.0
+    return (a.float() - b.float()).abs().max().item() / scale
+
+
+def all_reduce_(t: torch.Tensor, backend: str, op=dist.ReduceOp.SUM) -> None:
+    """In-place all-reduce; through the CPU on gloo (ranks sharing a GPU)."""
+    if backend == "nccl" or t.device.type == "cpu":
+        dist.all_reduce(t, op=op)
+        return
+    host = t.cpu()
+    dist.all_reduce(host, op=op)
+    t.copy_(host)
+
+
+def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
+    backend = "nccl" if use_gpu and not args.shared_gpu else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
+                            world_size=world_size)
+    index = 0 if args.shared_gpu else rank
+    device = torch.device("cuda", index) if use_gpu else torch.device("cpu")
+    if use_gpu:
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if use_gpu else torch.float32
+    tolerance = 5e-2 if use_gpu else 1e-4  # bfloat16 keeps 8 bits of mantissa
+    seq, heads = even_splits(args.seq, world_size), even_splits(args.heads, world_size)
+    start, rows = sum(seq[:rank]), seq[rank]
+    dim = args.heads * args.head_dim
+
+    torch.manual_seed(0)  # the same weights and data on every rank
+    reference = WanAttentionBlock(dim, args.heads).to(device, dtype)
+    group = fu.make_group(dist.group.WORLD)
+    model = copy.deepcopy(reference)
+    model.attention = fu.UlyssesAttention(group)
+    data = [(torch.randn(args.batch, args.seq, dim, device=device, dtype=dtype),
+             torch.randn(args.batch, args.seq, dim, device=device, dtype=dtype))
+            for _ in range(args.steps)]
+    positions = torch.arange(args.seq, device=device)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=args.lr)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    report, ref_losses, losses = {}, [], []
+    for step, (x_full, target) in enumerate(data):
+        # The reference: the whole sequence in this process.
+        x_ref = x_full.clone().requires_grad_()
+        out_ref = reference(x_ref, positions)
+        loss_ref = F.mse_loss(out_ref.float(), target.float(), reduction="sum") / target.numel()
+        loss_ref.backward()
+        # This rank's shard, through Ulysses.
+        x = x_full[:, start:start + rows].clone().requires_grad_()
+        out = model(x, positions[start:start + rows], seq_splits=seq, head_splits=heads)
+        local = F.mse_loss(out.float(), target[:, start:start + rows].float(),
+                           reduction="sum") / target.numel()
+        local.backward()
+        for p in model.parameters():  # the data-parallel-style sum of the ranks' gradients
+            all_reduce_(p.grad, backend)
+        loss = local.detach().clone()
+        all_reduce_(loss, backend)
+        if step == 0:
+            report["forward"] = max_rel(out.detach(), out_ref.detach()[:, start:start + rows])
+            report["x.grad"] = max_rel(x.grad, x_ref.grad[:, start:start + rows])
+            report["weight grads"] = max(max_rel(p.grad, r.grad) for p, r in
+                                         zip(model.parameters(), reference.parameters()))
+        ref_losses.append(loss_ref.item())
+        losses.append(loss.item())
+        ref_opt.step(), opt.step()
+        ref_opt.zero_grad(), opt.zero_grad()
+    report["losses"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    ok = torch.tensor([int(all(v <= tolerance for v in report.values()))], device=device)
+    all_reduce_(ok, backend, op=dist.ReduceOp.MIN)
+    if rank == 0:
+        kind = "fast path (UlyssesGroup)" if not group.fallback else \
+            f"torch.distributed fallback (TorchUlyssesGroup: {group.fallback_reason})"
+        where = ("one shared GPU (gloo), bfloat16" if args.shared_gpu else "GPUs, bfloat16") \
+            if use_gpu else "CPU (gloo), float32"
+        print(f"Wan-like attention block: {world_size} ranks on {where}, {kind}")
+        print(f"{args.heads} heads of {args.head_dim} (head_splits {heads}), sequence "
+              f"{args.seq} (seq_splits {seq}), batch {args.batch}, {args.steps} SGD steps")
+        for name, value in report.items():
+            print(f"  {name:13s} max relative difference to one rank: {value:.2e}")
+        print(f"  losses: P ranks {[f'{v:.6f}' for v in losses]}, one rank "
+              f"{[f'{v:.6f}' for v in ref_losses]}")
+        print(f"every check within {tolerance:g}: {bool(ok.item())}")
+    group.destroy()
+    dist.destroy_process_group()
+    if not ok.item():
+        raise SystemExit(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=1001, help="total sequence length")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3, help="SGD steps")
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--nproc", type=int, default=3,
+                        help="ranks without a GPU, or with --shared-gpu")
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="--nproc ranks sharing the first GPU (a testing mode)")
+    args = parser.parse_args()
+    use_gpu = torch.cuda.is_available()
+    if args.shared_gpu and not use_gpu:
+        parser.error("--shared-gpu: no CUDA GPU is visible")
+    if args.shared_gpu:  # the opt-in, and multicast off as in every shared-GPU run
+        os.environ["FAST_ULYSSES_ALLOW_SHARED_GPU"] = "1"
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    world_size = args.nproc if args.shared_gpu or not use_gpu else \
+        min(torch.cuda.device_count(), 8)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            mp.spawn(worker, args=(world_size, os.path.join(tmp, "store"), use_gpu, args),
+                     nprocs=world_size, join=True)
+        except mp.ProcessRaisedException as error:
+            print(error, file=sys.stderr)
+            return 1
+        except mp.ProcessExitedException:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

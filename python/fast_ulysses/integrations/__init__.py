@@ -1,0 +1,16 @@
+"""Drop-in replacements for the Ulysses all-to-alls of other frameworks, with their upstream
+signatures and meaning (backward included), running on a fast-ulysses group:
+
+- `fast_ulysses.integrations.yunchang`: yunchang / xDiT (`all_to_all_4D`, `SeqAllToAll4D`,
+  `SeqAllToAll5D`, `patch_yunchang()`).
+- `fast_ulysses.integrations.deepspeed`: DeepSpeed-Ulysses (`DistributedAttention`).
+- `fast_ulysses.integrations.diffusers`: diffusers' context parallelism
+  (`_all_to_all_dim_exchange`).
+- `fast_ulysses.integrations.fastvideo`: FastVideo (`all_to_all_4D`).
+
+The upstream `group` argument is a torch ProcessGroup; it is mapped to a fast-ulysses group by
+`fast_ulysses.attention.group_for` (built on first use). Calls use owned results and
+`tag=None` (`fast_ulysses.auto_tag`), so they are differentiable and need no tag.
+"""
+
+from . import deepspeed, diffusers, fastvideo, yunchang  # noqa: F401

@@ -1,0 +1,184 @@
+"""One rank of the framework-adapter test (tests/python/test_integrations.py on gloo CPU ranks;
+with --shared-gpu, tests/gpu/test_autograd_gpu.py runs it on the fast group).
+
+The reference is this file's own re-implementation of each upstream API's documented meaning:
+permute/reshape around `torch.distributed.nn.functional.all_to_all_single` (differentiable),
+even splits, as those APIs require. Per P (the last P ranks of the world), forward and the
+input's gradient must match it bit for bit:
+- yunchang_P<p>: all_to_all_4D both ways, SeqAllToAll4D, SeqAllToAll5D both ways;
+- deepspeed_P<p>: DistributedAttention, batch_dim_idx 0 (bshd) and 1 (sbhd);
+- diffusers_P<p>: _all_to_all_dim_exchange both ways;
+- fastvideo_P<p>: all_to_all_4D both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dnn
+import torch.nn.functional as F
+
+from fast_ulysses.attention import group_for
+from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from multirank import Report  # noqa: E402
+
+
+# -- the reference: upstream semantics, written from their documentation ----------------------
+
+def _a2a(x, pg):
+    """Chunk p of dim 0 goes to rank p; what arrives from rank p is chunk p of the result."""
+    x = x.contiguous()
+    return dnn.all_to_all_single(torch.empty(x.shape, dtype=x.dtype), x, group=pg)
+
+
+def ref_seq_to_head(x, pg):
+    """(bs, s/P, hc, hs) -> (bs, s, hc/P, hs)."""
+    P = dist.get_world_size(pg)
+    bs, sl, hc, hs = x.shape
+    chunks = x.reshape(bs, sl, P, hc // P, hs).permute(2, 1, 0, 3, 4)  # (P, s/P, bs, hc/P, hs)
+    got = _a2a(chunks, pg)  # got[p]: rank p's rows of my heads
+    return got.reshape(P * sl, bs, hc // P, hs).transpose(0, 1).contiguous()
+
+
+def ref_head_to_seq(x, pg):
+    """(bs, s, hc/P, hs) -> (bs, s/P, hc, hs)."""
+    P = dist.get_world_size(pg)
+    bs, s, hl, hs = x.shape
+    chunks = x.reshape(bs, P, s // P, hl, hs).permute(1, 3, 0, 2, 4)  # (P, hc/P, bs, s/P, hs)
+    got = _a2a(chunks, pg)  # got[p]: rank p's heads of my rows
+    return got.permute(2, 3, 0, 1, 4).reshape(bs, s // P, P * hl, hs)
+
+
+def ref_4d(x, scatter, gather, pg):
+    return ref_seq_to_head(x, pg) if (scatter, gather) == (2, 1) else ref_head_to_seq(x, pg)
+
+
+def ref_5d(x, scatter, gather, pg):
+    parts = [ref_4d(x[:, :, i].contiguous(), 2 if scatter == 3 else 1,
+                    1 if scatter == 3 else 2, pg) for i in range(x.shape[2])]
+    return torch.stack(parts, dim=2)
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def compare(label, ours, ref, x_shape, device, seed):
+    """ours(x), ref(x) on one random input: forward and x.grad bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(x_shape, generator=g)
+    # The reference runs on CPU (gloo), ours on `device`.
+    xa, xb = x.clone().to(device).requires_grad_(), x.clone().requires_grad_()
+    a, b = ours(xa), ref(xb)
+    assert same_bits(a.detach().cpu(), b.detach()), f"{label}: forward differs from the reference"
+    w = torch.randn(a.shape, generator=g)
+    (a * w.to(device)).sum().backward()
+    (b * w).sum().backward()
+    assert same_bits(xa.grad.cpu(), xb.grad), f"{label}: x.grad differs from the reference"
+
+
+def check_yunchang(pg, P, device):
+    seq_in, head_in = (2, 2, 2 * P, 8), (2, 2 * P, 2, 8)
+    compare("all_to_all_4D(2, 1)", lambda x: yunchang.all_to_all_4D(x, 2, 1, pg),
+            lambda x: ref_4d(x, 2, 1, pg), seq_in, device, 1)
+    compare("all_to_all_4D(1, 2)", lambda x: yunchang.all_to_all_4D(x, 1, 2, pg, True),
+            lambda x: ref_4d(x, 1, 2, pg), head_in, device, 2)
+    compare("SeqAllToAll4D", lambda x: yunchang.SeqAllToAll4D.apply(pg, x, 2, 1),
+            lambda x: ref_4d(x, 2, 1, pg), seq_in, device, 3)
+    compare("SeqAllToAll5D(3, 1)", lambda x: yunchang.SeqAllToAll5D.apply(pg, x),
+            lambda x: ref_5d(x, 3, 1, pg), (2, 2, 3, 2 * P, 8), device, 4)
+    compare("SeqAllToAll5D(1, 3)", lambda x: yunchang.SeqAllToAll5D.apply(pg, x, 1, 3),
+            lambda x: ref_5d(x, 1, 3, pg), (2, 2 * P, 3, 2, 8), device, 5)
+
+
+def check_deepspeed(pg, P, device):
+    def local_attention(q, k, v, layout):
+        order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
+        o = F.scaled_dot_product_attention(*(t.permute(order) for t in (q, k, v)))
+        return o.permute([order.index(i) for i in range(4)])
+
+    for batch_dim_idx, layout in ((0, "bshd"), (1, "sbhd")):
+        module = deepspeed.DistributedAttention(local_attention, pg)
+
+        def ours(x):
+            q, k, v = x, x * 2, x + 1
+            return module(q, k, v, batch_dim_idx, None, layout)
+
+        def ref(x):
+            to_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(0, 1))
+            q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)) for t in (x, x * 2, x + 1))
+            o = local_attention(q, k, v, layout)
+            return to_bshd(ref_4d(to_bshd(o).contiguous(), 1, 2, pg))
+
+        shape = (2, 3, 2 * P, 8) if layout == "bshd" else (3, 2, 2 * P, 8)
+        compare(f"DistributedAttention batch_dim_idx={batch_dim_idx}", ours, ref, shape, device,
+                10 + batch_dim_idx)
+
+
+def check_diffusers(pg, P, device):
+    compare("_all_to_all_dim_exchange(2, 1)",
+            lambda x: diffusers._all_to_all_dim_exchange(x, 2, 1, pg),
+            lambda x: ref_4d(x, 2, 1, pg), (1, 3, 2 * P, 8), device, 20)
+    compare("_all_to_all_dim_exchange(1, 2)",
+            lambda x: diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
+            lambda x: ref_4d(x, 1, 2, pg), (1, 3 * P, 2, 8), device, 21)
+
+
+def check_fastvideo(pg, P, device):
+    compare("all_to_all_4D(2, 1)", lambda x: fastvideo.all_to_all_4D(x, 2, 1, group=pg),
+            lambda x: ref_4d(x, 2, 1, pg), (2, 3, P, 8), device, 30)
+    compare("all_to_all_4D(1, 2)", lambda x: fastvideo.all_to_all_4D(x, 1, 2, group=pg),
+            lambda x: ref_4d(x, 1, 2, pg), (2, 3 * P, 1, 8), device, 31)
+
+
+CHECKS = (("yunchang", check_yunchang), ("deepspeed", check_deepspeed),
+          ("diffusers", check_diffusers), ("fastvideo", check_fastvideo))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="every rank on cuda:0 (make_group picks the fast group)")
+    args = parser.parse_args()
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group("gloo", timeout=timeout)
+    device = torch.device("cuda", 0) if args.shared_gpu else torch.device("cpu")
+    if args.shared_gpu:
+        torch.cuda.set_device(0)
+    rank, W = dist.get_rank(), dist.get_world_size()
+    report = Report(rank)
+    try:
+        for P in range(1, W + 1):
+            members = list(range(W - P, W))
+            pg = dist.new_group(members, timeout=timeout)
+            if rank in members:
+                for name, fn in CHECKS:
+                    with report.check(f"{name}_P{P}"):
+                        fn(pg, P, device)
+                group_for(pg).destroy()  # the registry's group for pg (collective)
+            dist.barrier()
+    except Exception:  # noqa: BLE001 - report everything, then fail this rank
+        traceback.print_exc()
+        sys.stdout.flush()
+        return 1
+    report.finish()
+    dist.destroy_process_group()
+    return 0
+
+
+def check_names(world: int) -> list[str]:
+    return [f"{name}_P{P}" for P in range(1, world + 1) for name, _ in CHECKS]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

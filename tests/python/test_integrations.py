@@ -1,0 +1,90 @@
+"""fast_ulysses.integrations: one 3-rank gloo launch of _integrations_worker.py (P = 1, 2, 3)
+checks every adapter's forward and backward bit for bit against a re-implementation of the
+upstream semantics; argument errors and patch_yunchang in process."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
+
+import _integrations_worker
+from multirank import launch
+
+WORLD = 3
+WORKER = Path(_integrations_worker.__file__)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return launch(WORKER, WORLD, tmp_path_factory.mktemp("integrations"), timeout=300)
+
+
+@pytest.mark.parametrize("check", _integrations_worker.check_names(WORLD))
+def test_worker_check(ranks, check):
+    P = int(check.rsplit("_P", 1)[1])
+    ranks.assert_check(check, ranks=range(WORLD - P, WORLD))
+
+
+def test_all_ranks_exit_cleanly(ranks):
+    ranks.assert_clean_exit()
+
+
+X = torch.zeros(1, 2, 2, 8)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda g: yunchang.all_to_all_4D(X, 0, 1, g), r"scatter_idx=0, gather_idx=1: unsupported"),
+    (lambda g: yunchang.SeqAllToAll4D.apply(g, X, 3, 1), r"scatter_idx=3, gather_idx=1"),
+    (lambda g: yunchang.SeqAllToAll5D.apply(g, torch.zeros(1, 2, 3, 2, 8), 2, 1),
+     r"scatter_idx=2, gather_idx=1: unsupported .* supported: \(3, 1\)"),
+    (lambda g: yunchang.SeqAllToAll5D.apply(g, X), r"takes a 5-d"),
+    (lambda g: diffusers._all_to_all_dim_exchange(X, 2, 3, g), r"scatter_idx=2, gather_idx=3"),
+    (lambda g: fastvideo.all_to_all_4D(X, 1, 1, group=g), r"scatter_dim=1, gather_dim=1"),
+    (lambda g: deepspeed.DistributedAttention(None, g, 1, 0), r"scatter_idx=1, gather_idx=0"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 2),
+     r"batch_dim_idx=2: it must be 0"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 0, X),
+     r"rotary_pos_emb is not supported"),
+])
+def test_unsupported_arguments_raise(world1, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(world1)
+
+
+def test_negative_indices_mean_the_same_dimensions(world1):
+    x = torch.randn(1, 2, 2, 8)
+    assert torch.equal(yunchang.all_to_all_4D(x, -2, -3, world1), yunchang.all_to_all_4D(x))
+
+
+def test_patch_yunchang_rebinds_the_imported_names(monkeypatch):
+    upstream = types.ModuleType("yunchang.comm.all_to_all")
+    for name in ("all_to_all_4D", "SeqAllToAll4D", "SeqAllToAll5D"):
+        obj = type(name, (), {"__module__": upstream.__name__})
+        setattr(upstream, name, obj)
+    package = types.ModuleType("yunchang")
+    package.SeqAllToAll4D = upstream.SeqAllToAll4D
+    layer = types.ModuleType("xfuser.core.long_ctx_attention.attn_layer")
+    layer.SeqAllToAll4D, layer.all_to_all_4D = upstream.SeqAllToAll4D, upstream.all_to_all_4D
+    layer.other = len  # left alone
+    for module in (upstream, package, layer):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    patched = yunchang.patch_yunchang()
+    assert sorted(patched) == sorted([
+        "yunchang.SeqAllToAll4D", "yunchang.comm.all_to_all.SeqAllToAll4D",
+        "yunchang.comm.all_to_all.SeqAllToAll5D", "yunchang.comm.all_to_all.all_to_all_4D",
+        "xfuser.core.long_ctx_attention.attn_layer.SeqAllToAll4D",
+        "xfuser.core.long_ctx_attention.attn_layer.all_to_all_4D"])
+    assert layer.SeqAllToAll4D is yunchang.SeqAllToAll4D and layer.other is len
+    assert upstream.SeqAllToAll5D is yunchang.SeqAllToAll5D
+
+
+def test_patch_yunchang_without_yunchang_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "yunchang", None)
+    with pytest.raises(ImportError, match="patch_yunchang needs yunchang, which is not installed"):
+        yunchang.patch_yunchang()
