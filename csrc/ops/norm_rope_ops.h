@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 
 #include "kernels/norm_rope.h"
@@ -25,5 +26,13 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
 void check_norm_rope_op(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                         const at::Tensor& cos, const at::Tensor& sin, std::string norm,
                         std::string rope_style, std::string layout);
+
+// The fused op's Meta kernel (torch.compile traces it): the checks, then the mode-0 output.
+at::Tensor qk_norm_rope_meta(const at::Tensor& x, std::string tag, std::string group_name,
+                             const at::Tensor& norm_weight, double eps, const at::Tensor& cos,
+                             const at::Tensor& sin, std::string norm, std::string rope_style,
+                             std::optional<at::IntArrayRef> seq_splits,
+                             std::optional<at::IntArrayRef> head_splits, std::string layout,
+                             bool borrowed, bool barrier, std::optional<int64_t> rank);
 
 }  // namespace fast_ulysses::ops

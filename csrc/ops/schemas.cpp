@@ -68,4 +68,5 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {
   m.impl("all_to_all_single_4d", &fast_ulysses::ops::all_to_all_meta);
   m.impl("all_to_all_single_4d_borrowed", &fast_ulysses::ops::all_to_all_borrowed_meta);
+  m.impl("qk_norm_rope_all_to_all", &fast_ulysses::ops::qk_norm_rope_meta);
 }

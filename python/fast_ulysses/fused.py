@@ -104,6 +104,8 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
         if borrowed:
             return group.all_to_all_single_4d_borrowed(y, 0, tag, barrier=barrier, **kw)
         return group.all_to_all_single_4d(y, 0, tag, **kw)
+    if torch.compiler.is_compiling():
+        borrowed = False  # traced as the owned call, as the borrowed all-to-all is
     name = "qk_norm_rope_all_to_all" + ("_borrowed" if borrowed else "")
     group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
     return ops.qk_norm_rope_all_to_all(

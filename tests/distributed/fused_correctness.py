@@ -10,6 +10,7 @@ Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N pass
                sequence and head splits (a rank with no heads included at P >= 3)
   qk_pair      q and k with one closing handshake (qk_norm_rope_all_to_all_qk)
   captured     an owned fused call captured in a CUDA graph, replayed with fresh inputs
+  compiled     torch.compile(fullgraph=True) of a fused call (traced through its Meta kernel)
   eager_reuse  100 calls back to back on one tag, each checked
   refusals     bad arguments raise the C++ rule's ValueError before anything is sent; an input
                that requires grad is refused
@@ -34,7 +35,7 @@ from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference, \
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multirank import Report  # noqa: E402
 
-CHECKS = ("matrix", "qk_pair", "captured", "eager_reuse", "refusals")
+CHECKS = ("matrix", "qk_pair", "captured", "compiled", "eager_reuse", "refusals")
 D = 64
 EPS = 1e-6
 
@@ -153,6 +154,24 @@ class Checker:
             assert within_one_ulp(static_out.cpu(), want), (
                 f"rank {self.rank}: replay {replay} differs from the reference")
         return "captured: 5 replays of a captured fused call, fresh inputs, within one ulp"
+
+    def compiled(self) -> str:
+        norm, style, layout = "all_heads", "interleaved", "bshd"
+        xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, layout, norm,
+                                              seed=21, device=self.device)
+        a = angles[self.rank]
+        kw = dict(norm_weight=w.to(self.device), eps=EPS, cos=a.cos().to(self.device),
+                  sin=a.sin().to(self.device), norm=norm, rope_style=style, seq_splits=seq,
+                  head_splits=heads, layout=layout, borrowed=True)
+
+        def step(t):
+            return qk_norm_rope_all_to_all(self.group, t, "c", **kw) * 1
+
+        got = torch.compile(step, backend="aot_eager", fullgraph=True)(
+            xs[self.rank].to(self.device))
+        want = expected(xs, w, angles, norm, style, layout, seq, heads, self.rank)
+        assert within_one_ulp(got.cpu(), want), f"rank {self.rank}: compiled call differs"
+        return "compiled: torch.compile(fullgraph) traces the fused op, result within one ulp"
 
     def eager_reuse(self) -> str:
         norm, style, layout = "all_heads", "interleaved", "sbhd"

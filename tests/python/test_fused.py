@@ -128,3 +128,14 @@ def test_the_wan_fused_attention_example_matches_one_process():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Wan attention block, 12 heads" in result.stdout and ": ok" in result.stdout, \
         result.stdout
+
+
+def test_the_fused_op_traces_through_its_meta_kernel(world1):
+    """torch.compile sees the fused op's output shape (the mode-0 output) and its argument rules
+    without a GPU: the Meta kernel."""
+    x, w, c, s = (t.to("meta") for t in inputs("bshd", "all_heads"))
+    out = torch.ops.fast_ulysses.qk_norm_rope_all_to_all(x, "q", world1.group_name, w, 1e-6, c, s)
+    assert out.device.type == "meta" and out.shape == x.shape  # P = 1: the same shape
+    with pytest.raises(ValueError, match="norm='rms'"):
+        torch.ops.fast_ulysses.qk_norm_rope_all_to_all(x, "q", world1.group_name, w, 1e-6, c, s,
+                                                       "rms")
