@@ -126,7 +126,7 @@ TEST(Coalesced, PlansOfOneRankAreOneFlatCopy) {
   using fast_ulysses::Layout;
   using fast_ulysses::Mode;
   for (Mode mode : {Mode::kSeqToHead, Mode::kHeadToSeq})
-    for (Layout layout : {Layout::kBSHD, Layout::kSBHD})
+    for (Layout layout : {Layout::kBSHD, Layout::kSBHD, Layout::kBHSD})
       for (const Case& c : exhaustive_cases(1, mode, layout)) {
         const CopyDescriptor merged = coalesced(make_plans(c)[0].copies[0]);
         EXPECT_EQ(merged.height, 1) << describe(c);
