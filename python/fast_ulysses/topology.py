@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_RANKS = 8
+from .plan import limits
+
+MAX_RANKS = limits()["max_world_size"]  # csrc/plan/plan.h's kMaxWorldSize, the one definition
 PREFERENCES = ("auto", "fast", "torch")
 # Link of a pair: NVLink, PCIe, one GPU shared by both ranks, no link (different nodes or no
 # GPU), or unknown (no NVML to ask; not trusted to be NVLink).
