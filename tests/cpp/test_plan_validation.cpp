@@ -217,6 +217,13 @@ TEST(Parse, BadLayout) {
                               {"layout='" + std::string(name) + "'", "'bshd', 'sbhd' or 'bhsd'"}));
 }
 
+TEST(Validation, LayoutOutsideTheEnum) {
+  for (int layout : {3, -1})
+    EXPECT_TRUE(rejected(edited([&](auto& r) { r.layout = static_cast<Layout>(layout); }),
+                         {"layout=" + std::to_string(layout), "bshd (0), sbhd (1) or bhsd (2)"}));
+  EXPECT_NO_THROW(fast_ulysses::validate(edited([](auto& r) { r.layout = Layout::kBHSD; })));
+}
+
 TEST(Parse, BadMode) {
   for (int64_t mode : {2, -1})
     EXPECT_TRUE(throws_naming([&] { fast_ulysses::parse_mode(mode); },
