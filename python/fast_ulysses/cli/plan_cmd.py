@@ -48,8 +48,8 @@ def add_parser(subparsers) -> None:
                    help="0: (b, s/P, N, d) -> (b, S, N/P, d); 1: the inverse")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="element type (default: the preset's, bf16 with --shape)")
-    p.add_argument("--layout", choices=LAYOUTS, default="bshd",
-                   help="dimension order of --shape and of the printed shapes")
+    p.add_argument("--layout", choices=LAYOUTS, default="bshd", metavar="LAYOUT",
+                   help=f"{', '.join(LAYOUTS)}: order of --shape")
     p.add_argument("--seq-splits", type=_ints,
                    help="rows of every rank, comma-separated (default: even, or the preset's)")
     p.add_argument("--head-splits", type=_ints,
