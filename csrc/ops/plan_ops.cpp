@@ -92,6 +92,12 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
   });
 }
 
+std::vector<std::string> layouts_op() {
+  std::vector<std::string> names;
+  for (Layout layout : kLayouts) names.emplace_back(layout_name(layout));
+  return names;
+}
+
 std::tuple<std::vector<std::string>, std::vector<int64_t>> limits_op() {
   return {{"max_world_size", "max_bytes", "copy_engine_alignment"},
           {kMaxWorldSize, kMaxBytes, kCopyEngineAlignment}};

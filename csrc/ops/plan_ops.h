@@ -58,6 +58,9 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
     int64_t world_size, int64_t rank, int64_t mode, int64_t batch, int64_t head_dim,
     std::vector<int64_t> seq_splits, std::vector<int64_t> head_splits, std::string layout);
 
+// The op `layouts`: every layout name, in enum order (plan.h's kLayouts).
+std::vector<std::string> layouts_op();
+
 // The op `limits`: plan.h's limits by name, so Python reads the one definition.
 std::tuple<std::vector<std::string>, std::vector<int64_t>> limits_op();
 

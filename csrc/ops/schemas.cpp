@@ -22,6 +22,8 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def(
       "shapes(int world_size, int rank, int mode, int batch, int head_dim, int[] seq_splits, "
       "int[] head_splits, str layout='bshd') -> (int[] input_shape, int[] output_shape)");
+  // Every layout name the plan takes, in enum order ("bshd", "sbhd", "bhsd").
+  m.def("layouts() -> str[]");
   // The limits of csrc/plan/plan.h, by name (max_world_size, max_bytes, copy_engine_alignment).
   m.def("limits() -> (str[] names, int[] values)");
 
@@ -59,6 +61,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("plan", &fast_ulysses::ops::plan_op);
   m.impl("check_input", &fast_ulysses::ops::check_input_op);
   m.impl("limits", &fast_ulysses::ops::limits_op);
+  m.impl("layouts", &fast_ulysses::ops::layouts_op);
   m.impl("shapes", &fast_ulysses::ops::shapes_op);
 }
 

@@ -71,9 +71,8 @@ Dims dims_of(Layout layout) {
 }  // namespace
 
 Layout parse_layout(const std::string& name) {
-  if (name == "bshd") return Layout::kBSHD;
-  if (name == "sbhd") return Layout::kSBHD;
-  if (name == "bhsd") return Layout::kBHSD;
+  for (Layout layout : kLayouts)
+    if (name == layout_name(layout)) return layout;
   fail("layout='", name, "': must be 'bshd', 'sbhd' or 'bhsd'");
 }
 

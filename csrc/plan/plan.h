@@ -34,6 +34,8 @@ enum class Layout { kBSHD = 0, kSBHD = 1, kBHSD = 2 };
 // kHeadToSeq is mode 1, its exact inverse. sbhd swaps the first two dimensions of both; bhsd
 // holds (b, heads, seq, d) on both sides: (b, N, seq_splits[r], d) -> (b, head_splits[r], S, d).
 enum class Mode { kSeqToHead = 0, kHeadToSeq = 1 };
+// Every layout, in enum order: what parse_layout accepts and the `layouts` op lists.
+constexpr std::array<Layout, 3> kLayouts = {Layout::kBSHD, Layout::kSBHD, Layout::kBHSD};
 
 class PlanError : public std::invalid_argument {
  public:

@@ -14,7 +14,8 @@ import torch
 from ._ops import ops
 from .api import as_mode
 
-LAYOUTS = ("bshd", "sbhd", "bhsd")
+# Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.
+LAYOUTS = tuple(ops.layouts())
 
 
 def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: int,

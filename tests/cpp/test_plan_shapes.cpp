@@ -188,6 +188,8 @@ TEST(Shapes, ParseLayoutAndMode) {
   EXPECT_EQ(fast_ulysses::parse_layout("sbhd"), Layout::kSBHD);
   EXPECT_EQ(fast_ulysses::parse_layout("bhsd"), Layout::kBHSD);
   EXPECT_STREQ(fast_ulysses::layout_name(Layout::kBHSD), "bhsd");
+  for (Layout layout : fast_ulysses::kLayouts)  // every name parses back to its layout
+    EXPECT_EQ(fast_ulysses::parse_layout(fast_ulysses::layout_name(layout)), layout);
   EXPECT_STREQ(fast_ulysses::layout_name(Layout::kSBHD), "sbhd");
   EXPECT_STREQ(fast_ulysses::layout_name(Layout::kBSHD), "bshd");
   EXPECT_EQ(fast_ulysses::parse_mode(0), Mode::kSeqToHead);

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fast_ulysses as fu
-from fast_ulysses.plan import input_shape, limits
+from fast_ulysses.plan import LAYOUTS, input_shape, limits
 
 
 # (sequence dim, head dim) of each layout, written here from docs/API.md (not from the plan).
@@ -77,7 +77,8 @@ def test_input_shape_is_the_plans():
         input_shape(3, 3, 0, batch=1, head_dim=8, seq_splits=[1] * 3, head_splits=[1] * 3)
 
 
-def test_limits_come_from_the_plan():
+def test_limits_and_layouts_come_from_the_plan():
+    assert LAYOUTS == ("bshd", "sbhd", "bhsd")
     got = limits()
     assert got == {"max_world_size": 8, "max_bytes": 2 ** 50, "copy_engine_alignment": 16}
     with pytest.raises(ValueError, match=r"world_size=9: must be in \[1, 8\]"):
