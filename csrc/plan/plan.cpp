@@ -167,7 +167,7 @@ void add_collect(Plan& plan) {
   const int r = request.rank;
   const CopyDescriptor& own = plan.copies[r];  // its dst side is my chunk in my window
   const bool to_heads = request.mode == Mode::kSeqToHead;
-  // Bytes of the gathered dimension per unit: a row band (mode 0) or a head column (mode 1).
+  // The gathered dimension: sequence rows in mode 0, heads in mode 1.
   const auto& gathered = to_heads ? request.seq_splits : request.head_splits;
   const int64_t total = sum(gathered);
   const int64_t begin = prefix(gathered, r);
