@@ -137,6 +137,17 @@ def test_window_bytes_by_tag_is_the_largest_plan_per_tag():
     assert got == want and list(got) == ["q", "o"]
 
 
+def test_window_bytes_by_tag_takes_every_layout_and_narrow_rows():
+    """A bhsd call and an fp32 d = 1 call (the LSE) size their windows as the plan says."""
+    calls = [CallSpec((2, 12, 6, 64), torch.bfloat16, 0, "q", layout="bhsd"),
+             CallSpec((2, 6, 12, 1), torch.float32, 0, "lse")]
+    got = window_bytes_by_tag(calls, 4, 1)
+    assert got == {"q": 2 * 3 * 24 * 64 * 2, "lse": 2 * 24 * 3 * 1 * 4}
+    for c in calls:
+        assert got[c.tag] == fast_ulysses.plan(4, 1, 0, c.shape, c.dtype,
+                                               layout=c.layout).window_bytes
+
+
 @pytest.mark.parametrize("call,message", [
     (CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q"), r"calls\[0\] \(tag 'q'\): .*divide"),
     (CallSpec((1, 6, 8, 128), torch.float64, 0, "q"), r"calls\[0\] .*element size"),
