@@ -56,7 +56,7 @@ at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& gro
 
 int64_t checked_element_size(const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.dim() == 4, "x has shape ", x.sizes(),
-                    ": it must be 4-d (bshd or sbhd)");
+                    ": it must be 4-d (bshd, sbhd or bhsd)");
   TORCH_CHECK_VALUE(x.is_contiguous(), "x with shape ", x.sizes(), " and strides ",
                     x.strides(), " is not contiguous: call .contiguous() first");
   const auto dtype = x.scalar_type();
@@ -67,6 +67,40 @@ int64_t checked_element_size(const at::Tensor& x) {
                     " bytes: element size must be 1, 2 or 4 bytes (float16 and bfloat16 are "
                     "the main ones)");
   return es;
+}
+
+int64_t check_input_op(const at::Tensor& x) { return checked_element_size(x); }
+
+std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
+    int64_t world_size, int64_t rank, int64_t mode, int64_t batch, int64_t head_dim,
+    std::vector<int64_t> seq_splits, std::vector<int64_t> head_splits, std::string layout) {
+  return translate_plan_errors([&] {
+    PlanRequest request;
+    request.world_size = static_cast<int>(world_size);
+    request.rank = static_cast<int>(rank);
+    request.mode = parse_mode(mode);
+    request.layout = parse_layout(layout);
+    request.batch = batch;
+    request.head_dim = head_dim;
+    request.element_size = 1;  // shapes do not depend on it
+    request.seq_splits = std::move(seq_splits);
+    request.head_splits = std::move(head_splits);
+    const Plan plan = make_plan(request);
+    return std::tuple<std::vector<int64_t>, std::vector<int64_t>>{
+        std::vector<int64_t>(plan.input_shape.begin(), plan.input_shape.end()),
+        std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end())};
+  });
+}
+
+std::vector<std::string> layouts_op() {
+  std::vector<std::string> names;
+  for (Layout layout : kLayouts) names.emplace_back(layout_name(layout));
+  return names;
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> limits_op() {
+  return {{"max_world_size", "max_bytes", "copy_engine_alignment"},
+          {kMaxWorldSize, kMaxBytes, kCopyEngineAlignment}};
 }
 
 Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,

@@ -49,5 +49,19 @@ void check_rank(const std::string& group_name, std::optional<int64_t> rank, int6
 // Checks the input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte dtype) and returns its
 // element size; the device rule is the transport's.
 int64_t checked_element_size(const at::Tensor& x);
+// The op `check_input`: the same check, the one both groups (and reserve) call.
+int64_t check_input_op(const at::Tensor& x);
+
+// The op `shapes`: rank `rank`'s input and output shapes (layout order) for explicit splits,
+// from the plan (make_plan's input_shape / output_shape), ValueError with the plan's message.
+std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
+    int64_t world_size, int64_t rank, int64_t mode, int64_t batch, int64_t head_dim,
+    std::vector<int64_t> seq_splits, std::vector<int64_t> head_splits, std::string layout);
+
+// The op `layouts`: every layout name, in enum order (plan.h's kLayouts).
+std::vector<std::string> layouts_op();
+
+// The op `limits`: plan.h's limits by name, so Python reads the one definition.
+std::tuple<std::vector<std::string>, std::vector<int64_t>> limits_op();
 
 }  // namespace fast_ulysses::ops

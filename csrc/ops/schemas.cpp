@@ -15,6 +15,18 @@ TORCH_LIBRARY(fast_ulysses, m) {
       "-> (Tensor descriptors, int[] output_shape, int[] seq_splits, int[] head_splits, "
       "int window_bytes)");
   m.def("host_copy(Tensor src, Tensor(a!) dst, int[] descriptor) -> ()");
+  // The input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte non-bool, non-complex dtype),
+  // for every group: returns the element size or raises ValueError. Any device (Meta included).
+  m.def("check_input(Tensor x) -> int");
+  // Rank `rank`'s input and output shapes for explicit splits: what every caller that builds a
+  // rank's input (tests, benchmarks, presets) asks instead of recomputing it.
+  m.def(
+      "shapes(int world_size, int rank, int mode, int batch, int head_dim, int[] seq_splits, "
+      "int[] head_splits, str layout='bshd') -> (int[] input_shape, int[] output_shape)");
+  // Every layout name the plan takes, in enum order ("bshd", "sbhd", "bhsd").
+  m.def("layouts() -> str[]");
+  // The limits of csrc/plan/plan.h, by name (max_world_size, max_bytes, copy_engine_alignment).
+  m.def("limits() -> (str[] names, int[] values)");
 
   // The collectives. `group_name` is the c10d name of the process group the UlyssesGroup was
   // built on (ProcessGroup.group_name). `rank` (this process's rank in it) makes the output
@@ -63,6 +75,10 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("plan", &fast_ulysses::ops::plan_op);
   m.impl("check_norm_rope", &fast_ulysses::ops::check_norm_rope_op);
+  m.impl("check_input", &fast_ulysses::ops::check_input_op);
+  m.impl("limits", &fast_ulysses::ops::limits_op);
+  m.impl("layouts", &fast_ulysses::ops::layouts_op);
+  m.impl("shapes", &fast_ulysses::ops::shapes_op);
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {

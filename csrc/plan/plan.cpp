@@ -38,8 +38,6 @@ std::vector<int64_t> balanced_split(int64_t total, int parts) {
   return split;
 }
 
-constexpr int64_t kMaxBytes = int64_t{1} << 50;
-
 void check_splits(const char* name, const std::vector<int64_t>& splits, int world_size) {
   if (static_cast<int>(splits.size()) != world_size)
     fail(name, " has ", splits.size(), " entries ", join(splits), ": it needs one per rank (",
@@ -56,18 +54,33 @@ void check_splits(const char* name, const std::vector<int64_t>& splits, int worl
 std::array<int64_t, 4> shape_of(Layout layout, int64_t batch, int64_t seq, int64_t heads,
                                 int64_t head_dim) {
   if (layout == Layout::kSBHD) return {seq, batch, heads, head_dim};
+  if (layout == Layout::kBHSD) return {batch, heads, seq, head_dim};
   return {batch, seq, heads, head_dim};
+}
+
+// Where batch, sequence and heads sit in a 4-d shape of `layout` (head_dim is always last).
+struct Dims {
+  int batch, seq, heads;
+};
+Dims dims_of(Layout layout) {
+  if (layout == Layout::kSBHD) return {1, 0, 2};
+  if (layout == Layout::kBHSD) return {0, 2, 1};
+  return {0, 1, 2};
 }
 
 }  // namespace
 
 Layout parse_layout(const std::string& name) {
-  if (name == "bshd") return Layout::kBSHD;
-  if (name == "sbhd") return Layout::kSBHD;
-  fail("layout='", name, "': must be 'bshd' or 'sbhd'");
+  for (Layout layout : kLayouts)
+    if (name == layout_name(layout)) return layout;
+  fail("layout='", name, "': must be 'bshd', 'sbhd' or 'bhsd'");
 }
 
-const char* layout_name(Layout layout) { return layout == Layout::kSBHD ? "sbhd" : "bshd"; }
+const char* layout_name(Layout layout) {
+  if (layout == Layout::kSBHD) return "sbhd";
+  if (layout == Layout::kBHSD) return "bhsd";
+  return "bshd";
+}
 
 Mode parse_mode(int64_t mode) {
   if (mode == 0) return Mode::kSeqToHead;
@@ -120,8 +133,9 @@ void validate(const PlanRequest& request) {
   const int P = request.world_size;
   if (request.mode != Mode::kSeqToHead && request.mode != Mode::kHeadToSeq)
     fail("mode=", static_cast<int>(request.mode), ": must be 0 or 1");
-  if (request.layout != Layout::kBSHD && request.layout != Layout::kSBHD)
-    fail("layout=", static_cast<int>(request.layout), ": must be bshd (0) or sbhd (1)");
+  if (request.layout != Layout::kBSHD && request.layout != Layout::kSBHD &&
+      request.layout != Layout::kBHSD)
+    fail("layout=", static_cast<int>(request.layout), ": must be bshd (0), sbhd (1) or bhsd (2)");
   if (P < 1 || P > kMaxWorldSize)
     fail("world_size=", P, ": must be in [1, ", kMaxWorldSize, "] (one node)");
   if (request.rank < 0 || request.rank >= P)
@@ -133,9 +147,6 @@ void validate(const PlanRequest& request) {
   const int64_t es = request.element_size;
   if (es != 1 && es != 2 && es != 4)
     fail("element_size=", es, ": must be 1, 2 or 4 bytes");
-  if ((request.head_dim * es) % kRowAlignment != 0)
-    fail("head_dim * element_size = ", request.head_dim, " * ", es, " = ", request.head_dim * es,
-         " bytes: must be a multiple of ", kRowAlignment, " bytes");
   check_splits("seq_splits", request.seq_splits, P);
   check_splits("head_splits", request.head_splits, P);
   // Keep every byte offset far inside int64 (and inside what the copy APIs take as size_t).
@@ -147,24 +158,31 @@ void validate(const PlanRequest& request) {
 
 namespace {
 
-// The peers' chunks in my window, before and after my own along the gathered dimension: rows in
-// mode 0 (chunks are bands of whole rows), heads in mode 1 (chunks are columns of each row).
+// The peers' chunks in my window, before and after my own along the gathered dimension (rows in
+// mode 0, heads in mode 1). When the gathered dimension is outer to the other one within a slice
+// (bshd/sbhd mode 0, bhsd mode 1) the chunks are bands of whole lines; otherwise (bshd/sbhd
+// mode 1, bhsd mode 0) they are columns of every line.
 void add_collect(Plan& plan) {
   const PlanRequest& request = plan.request;
   const int r = request.rank;
   const CopyDescriptor& own = plan.copies[r];  // its dst side is my chunk in my window
   const bool to_heads = request.mode == Mode::kSeqToHead;
-  // Bytes of the gathered dimension per unit: a row band (mode 0) or a head column (mode 1).
+  // The gathered dimension: sequence rows in mode 0, heads in mode 1.
   const auto& gathered = to_heads ? request.seq_splits : request.head_splits;
   const int64_t total = sum(gathered);
   const int64_t begin = prefix(gathered, r);
   const int64_t end = begin + gathered[r];
+  const bool bhsd = request.layout == Layout::kBHSD;
+  const int64_t row = request.head_dim * request.element_size;
   CopyDescriptor base;
   base.peer = r;
   base.depth = own.depth;
-  if (to_heads) {  // my window per slice: S * fold rows of heads[r] * row bytes, abutting
+  if (to_heads != bhsd) {  // bands: each slice of my window is `total` abutting units
+    // A unit: a sequence row of my heads (bshd, sbhd: fold rows of heads[r] heads) or a head of
+    // my rows (bhsd: seq[r] rows).
     const int64_t fold = request.layout == Layout::kSBHD ? request.batch : 1;
-    const int64_t unit = fold * request.head_splits[r] * request.head_dim * request.element_size;
+    const int64_t unit =
+        bhsd ? request.seq_splits[r] * row : fold * request.head_splits[r] * row;
     base.height = 1;
     base.src_slice_pitch = base.dst_slice_pitch = own.dst_slice_pitch;
     for (const auto& [from, to] : {std::pair{int64_t{0}, begin}, std::pair{end, total}}) {
@@ -173,8 +191,8 @@ void add_collect(Plan& plan) {
       c.width = c.src_pitch = c.dst_pitch = (to - from) * unit;
       if (c.bytes() > 0) plan.collect.push_back(c);
     }
-  } else {  // my window per row: N heads of d; my chunk is heads [begin, end) of every row
-    const int64_t row = request.head_dim * request.element_size;
+  } else {  // columns: every line of my window is `total` units of `row` bytes; mine are
+            // [begin, end) of each (a line: a token's N heads, or a head's S rows in bhsd)
     base.height = own.height;
     base.src_pitch = base.dst_pitch = total * row;
     base.src_slice_pitch = base.dst_slice_pitch = own.height * total * row;
@@ -203,6 +221,9 @@ Plan make_plan(const PlanRequest& request) {
   const bool sbhd = request.layout == Layout::kSBHD;
   const int64_t fold = sbhd ? request.batch : 1;
   const int64_t depth = sbhd ? 1 : request.batch;
+  // bhsd keeps a head's rows together: a chunk is, per batch element (a slice) and per head (a
+  // row of the copy), one run of sequence rows; the relayout is the same strides turned around.
+  const bool bhsd = request.layout == Layout::kBHSD;
 
   Plan plan;
   plan.request = request;
@@ -226,7 +247,27 @@ Plan make_plan(const PlanRequest& request) {
     CopyDescriptor c;
     c.peer = j;
     c.depth = depth;
-    if (to_heads) {
+    if (bhsd && to_heads) {
+      // My rows of every head of j, into my rows of j's heads (S rows per head there).
+      c.width = seq[r] * row;
+      c.height = heads[j];
+      c.src_offset = prefix(heads, j) * seq[r] * row;
+      c.src_pitch = seq[r] * row;
+      c.src_slice_pitch = N * seq[r] * row;
+      c.dst_offset = prefix(seq, r) * row;
+      c.dst_pitch = S * row;
+      c.dst_slice_pitch = heads[j] * S * row;
+    } else if (bhsd) {
+      // j's rows of each of my heads, into my heads of j (seq[j] rows per head there).
+      c.width = seq[j] * row;
+      c.height = heads[r];
+      c.src_offset = prefix(seq, j) * row;
+      c.src_pitch = S * row;
+      c.src_slice_pitch = heads[r] * S * row;
+      c.dst_offset = prefix(heads, r) * seq[j] * row;
+      c.dst_pitch = seq[j] * row;
+      c.dst_slice_pitch = N * seq[j] * row;
+    } else if (to_heads) {
       // Heads of j from every one of my rows, into j's rows of mine.
       c.width = heads[j] * row;
       c.height = seq[r] * fold;
@@ -272,10 +313,10 @@ PlanRequest request_from_shape(int world_size, int rank, Mode mode, Layout layou
   request.rank = rank;
   request.mode = mode;
   request.layout = layout;
-  const bool sbhd = layout == Layout::kSBHD;
-  request.batch = input_shape[sbhd ? 1 : 0];
-  const int64_t seq_dim = input_shape[sbhd ? 0 : 1];
-  const int64_t head_dim_extent = input_shape[2];
+  const Dims dims = dims_of(layout);
+  request.batch = input_shape[dims.batch];
+  const int64_t seq_dim = input_shape[dims.seq];
+  const int64_t head_dim_extent = input_shape[dims.heads];
   request.head_dim = input_shape[3];
   request.element_size = element_size;
 

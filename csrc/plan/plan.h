@@ -20,20 +20,29 @@
 
 namespace fast_ulysses {
 
-constexpr int kMaxWorldSize = 8;
-constexpr int64_t kRowAlignment = 16;  // d * element_size must be a multiple of this.
+// The product's limits, defined here once; the transport and Python read them from here
+// (Python through the `limits` op).
+constexpr int kMaxWorldSize = 8;          // ranks of one group: one node
+constexpr int64_t kMaxBytes = int64_t{1} << 50;  // bytes of one tensor; bound of every split
+// Rows of any byte width are accepted. Rows whose bytes (d * element_size), offsets and pitches
+// are multiples of this go through the pitched copy-engine calls; others are copied by an SM
+// kernel (csrc/transport/copy_engine.cpp says why). A speed note, never a refusal.
+constexpr int64_t kCopyEngineAlignment = 16;
 
-enum class Layout { kBSHD = 0, kSBHD = 1 };
+enum class Layout { kBSHD = 0, kSBHD = 1, kBHSD = 2 };
 // kSeqToHead is mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d).
-// kHeadToSeq is mode 1, its exact inverse. sbhd swaps the first two dimensions of both.
+// kHeadToSeq is mode 1, its exact inverse. sbhd swaps the first two dimensions of both; bhsd
+// holds (b, heads, seq, d) on both sides: (b, N, seq_splits[r], d) -> (b, head_splits[r], S, d).
 enum class Mode { kSeqToHead = 0, kHeadToSeq = 1 };
+// Every layout, in enum order: what parse_layout accepts and the `layouts` op lists.
+constexpr std::array<Layout, 3> kLayouts = {Layout::kBSHD, Layout::kSBHD, Layout::kBHSD};
 
 class PlanError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
 
-Layout parse_layout(const std::string& name);  // "bshd" | "sbhd", else PlanError.
+Layout parse_layout(const std::string& name);  // "bshd" | "sbhd" | "bhsd", else PlanError.
 const char* layout_name(Layout layout);
 Mode parse_mode(int64_t mode);                  // 0 | 1, else PlanError.
 

@@ -1,11 +1,67 @@
 #include "transport/copy_engine.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "transport/cuda_check.h"
 
 namespace fast_ulysses::transport {
+namespace {
+
+// Rows of any byte width. The CUDA driver API documents, for cuMemcpy2D, that "on intra-device
+// memory copies (device to device, CUDA array to device, CUDA array to CUDA array), cuMemcpy2D()
+// may fail for pitches not computed by cuMemAllocPitch()", and that cuMemcpy2DUnaligned(), which
+// lifts the restriction, has no asynchronous (stream or graph) form. The runtime calls used here
+// (cudaMemcpy2DAsync, cudaMemcpy3DAsync, cudaMemcpy3DBatchAsync) document no alignment rule but
+// promise none either, and the plan's windows are not cuMemAllocPitch pitches. So a pitched
+// copy goes to those calls only where every pitch, the width and both addresses are multiples
+// of kCopyEngineAlignment (16 bytes: every row of d * element_size a multiple of 16, the geometry
+// measured on the H200); a 1D copy (cudaMemcpyAsync) has no pitch and always goes. Anything else
+// is copied by torch's strided copy kernel through the mapped peer address (an SM kernel, any
+// geometry of whole elements, capturable): correct at any width, at SM speed.
+bool copy_engine_aligned(const CopyDescriptor& c, const char* s, const char* d) {
+  const auto aligned = [](uint64_t v) { return v % kCopyEngineAlignment == 0; };
+  return aligned(c.width) && aligned(c.src_pitch) && aligned(c.dst_pitch) &&
+         aligned(c.src_slice_pitch) && aligned(c.dst_slice_pitch) &&
+         aligned(reinterpret_cast<uintptr_t>(s)) && aligned(reinterpret_cast<uintptr_t>(d));
+}
+
+// A coalesced copy at s -> d by torch's copy kernel on `stream`, in the widest element (8, 4, 2
+// or 1 bytes) that divides every width, pitch and address. d may be a peer's mapped window: the
+// tensors are given this device explicitly (a pointer lookup would name the peer's).
+void copy_by_kernel(const CopyDescriptor& c, const char* s, char* d, cudaStream_t stream) {
+  const uint64_t all = static_cast<uint64_t>(c.width | c.src_pitch | c.dst_pitch |
+                                             c.src_slice_pitch | c.dst_slice_pitch) |
+                       reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d);
+  int64_t es = 8;
+  while (all % es != 0) es /= 2;
+  const at::ScalarType dtype = es == 8   ? at::kLong
+                               : es == 4 ? at::kInt
+                               : es == 2 ? at::kShort
+                                         : at::kByte;
+  const c10::Device device(c10::DeviceType::CUDA, c10::cuda::current_device());
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const std::vector<int64_t> sizes = {c.depth, c.height, c.width / es};
+  const at::Tensor from = at::for_blob(const_cast<char*>(s), sizes)
+                              .strides({c.src_slice_pitch / es, c.src_pitch / es, 1})
+                              .options(options)
+                              .target_device(device)
+                              .make_tensor();
+  at::Tensor to = at::for_blob(d, sizes)
+                      .strides({c.dst_slice_pitch / es, c.dst_pitch / es, 1})
+                      .options(options)
+                      .target_device(device)
+                      .make_tensor();
+  c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(stream, device.index()));
+  to.copy_(from);
+}
+
+}  // namespace
 
 void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
                 cudaStream_t stream) {
@@ -15,6 +71,10 @@ void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
   char* d = dst + c.dst_offset;
   if (c.height == 1 && c.depth == 1) {
     FU_CUDA_CHECK(cudaMemcpyAsync(d, s, c.width, cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (!copy_engine_aligned(c, s, d)) {
+    copy_by_kernel(c, s, d, stream);
     return;
   }
   if (c.depth == 1) {
@@ -42,10 +102,14 @@ void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
 
 namespace {
 
-// One 3D batch op for a coalesced descriptor, or false where the geometry does not fit one
-// (a slice pitch that is not whole rows of the pitch).
+// One 3D batch op for a coalesced descriptor, or false where the geometry does not fit one (a
+// slice pitch that is not whole rows of the pitch, or rows the pitched calls are not given: see
+// copy_engine_aligned).
 bool batch_op(const CopyDescriptor& c, const char* src, char* dst, cudaMemcpy3DBatchOp& op) {
   if (c.src_slice_pitch % c.src_pitch != 0 || c.dst_slice_pitch % c.dst_pitch != 0) return false;
+  if (!(c.height == 1 && c.depth == 1) &&
+      !copy_engine_aligned(c, src + c.src_offset, dst + c.dst_offset))
+    return false;
   op = {};
   op.src.type = cudaMemcpyOperandTypePointer;
   op.src.op.ptr.ptr = const_cast<char*>(src + c.src_offset);

@@ -1,5 +1,7 @@
 // Issues one plan descriptor as a single CUDA memcpy (1D, 2D or 3D after coalescing). Between
 // two devices the driver runs it on a copy engine, not on SMs; on one device it is a kernel.
+// Pitched copies whose rows, pitches or addresses are not multiples of kCopyEngineAlignment go
+// to torch's strided copy kernel instead (copy_engine.cpp says why): any row width works.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,7 +14,7 @@
 namespace fast_ulysses::transport {
 
 // `src` is the start of the input, `dst` the start of the receiving window. Empty copies are
-// skipped. Throws c10::Error on a CUDA error.
+// skipped. Throws c10::Error on a CUDA error. The current device must be the group's.
 void issue_copy(const CopyDescriptor& copy, const char* src, char* dst, cudaStream_t stream);
 
 // Several copies, each into its own destination (no two overlap), issued with one

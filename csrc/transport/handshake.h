@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "plan/plan.h"
+
 namespace fast_ulysses::transport {
 
 enum class Word { kHeld = 0, kHeldOwned = 1, kLanded = 2, kBarrierA = 0, kBarrierB = 1 };
@@ -46,7 +48,7 @@ class Handshake {
  public:
   static constexpr int kMaxTags = 256;
   static constexpr int kBarrierSlot = kMaxTags;  // the slot of group.barrier()
-  static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxRanks = kMaxWorldSize;  // plan.h's limit
   static constexpr int kWords = 3;
   // Bytes of the signal header at the start of every rank's pool: slots x words x ranks.
   static constexpr int64_t kHeaderBytes = int64_t{kMaxTags + 1} * kWords * kMaxRanks * 4;

@@ -86,7 +86,7 @@ class UlyssesGroup:
                              head_splits: Sequence[int] | None = None,
                              layout: str = "bshd") -> torch.Tensor:
         """One all-to-all. Mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d);
-        mode 1 the inverse; sbhd swaps the first two dimensions.
+        mode 1 the inverse; sbhd swaps the first two dimensions, bhsd is (b, heads, seq, d).
 
         Returns:
             A new tensor the caller owns, ready in the current stream's order (the stream

@@ -14,7 +14,31 @@ import torch
 from ._ops import ops
 from .api import as_mode
 
-LAYOUTS = ("bshd", "sbhd")
+# Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.
+LAYOUTS = tuple(ops.layouts())
+
+
+def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: int,
+                seq_splits: Sequence[int], head_splits: Sequence[int],
+                layout: str = "bshd") -> tuple[int, ...]:
+    """Rank `rank`'s input shape, in `layout` order, for a call with these explicit splits:
+    the plan's own (csrc/plan), the one place a rank's shape is computed. Mode as for `plan`.
+
+    Raises:
+        ValueError with the plan's message for a call it rejects.
+    """
+    shape, _ = ops.shapes(world_size, rank, as_mode(mode), batch, head_dim,
+                          list(seq_splits), list(head_splits), layout)
+    return tuple(shape)
+
+
+def limits() -> dict[str, int]:
+    """The product's limits, read from their one definition (csrc/plan/plan.h) through the
+    `limits` op: max_world_size (ranks of one group), max_bytes (of one tensor) and
+    copy_engine_alignment (rows, pitches and addresses that are multiples of it take the
+    pitched copy-engine calls; others an SM copy kernel: a speed note, never a refusal)."""
+    names, values = ops.limits()
+    return dict(zip(names, values))
 
 # The dtype names plan() and CallSpec take besides a torch.dtype: short and torch spellings.
 DTYPE_NAMES = {
@@ -109,12 +133,13 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
         world_size: ranks in the group (1..8).
         rank: this rank.
         mode: 0 / Mode.SEQ_TO_HEAD (b, s_local, N, d) -> (b, S, h_local, d); 1 /
-            Mode.HEAD_TO_SEQ the inverse.
+            Mode.HEAD_TO_SEQ the inverse (bshd; sbhd swaps b and s, bhsd holds
+            (b, heads, seq, d)).
         shape: this rank's input shape, in `layout` order.
         dtype: a torch dtype, a name from DTYPE_NAMES ("bf16", "float8_e4m3fn", ...), or an
             element size in bytes.
         seq_splits, head_splits: per-rank rows / heads; None means even.
-        layout: "bshd" or "sbhd".
+        layout: "bshd", "sbhd" or "bhsd".
 
     Returns:
         A `Plan`: a list of `CopyDescriptor`, one per peer in rank order.

@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .env import SHARED_GPU_ENV
-from .topology import MAX_RANKS, PairInfo, RankInfo, Topology, shared_gpu_pair
+from .plan import limits
+from .topology import PairInfo, RankInfo, Topology, shared_gpu_pair
 
+MAX_RANKS = limits()["max_world_size"]  # csrc/plan/plan.h's kMaxWorldSize, the one definition
 PREFERENCES = ("auto", "fast", "torch")
 
 

@@ -41,13 +41,9 @@ def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
     p = PRESETS[name]
     seq = even_splits(p.seq_len, world_size)
     heads = even_splits(p.heads, world_size)
-    if not 0 <= rank < len(seq):  # world_size or rank out of range: the plan states the rule
-        from .plan import plan
-        plan(world_size, rank, mode, (p.batch, p.seq_len, p.heads, p.head_dim), p.dtype)
-    if mode == 0:
-        shape = (p.batch, seq[rank], p.heads, p.head_dim)
-    else:
-        shape = (p.batch, p.seq_len, heads[rank], p.head_dim)
+    from .plan import input_shape  # world_size or rank out of range: the plan states the rule
+    shape = input_shape(world_size, rank, mode, batch=p.batch, head_dim=p.head_dim,
+                        seq_splits=seq, head_splits=heads)
     return dict(shape=shape, dtype=p.dtype,
                 seq_splits=None if len(set(seq)) == 1 else seq,
                 head_splits=None if len(set(heads)) == 1 else heads)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_RANKS = 8
 # Link of a pair: NVLink, PCIe, one GPU shared by both ranks, no link (different nodes or no
 # GPU), or unknown (no NVML to ask; not trusted to be NVLink).
 LINKS = ("nvlink", "pcie", "same-device", "none", "unknown")

@@ -30,7 +30,8 @@ from .plan import Plan
 from .validation import plan_call, window_bytes_by_tag
 
 # Dimension indices of the batch, sequence, head and head-dim axes in each layout.
-_DIMS = {"bshd": {"b": 0, "s": 1, "h": 2, "d": 3}, "sbhd": {"s": 0, "b": 1, "h": 2, "d": 3}}
+_DIMS = {"bshd": {"b": 0, "s": 1, "h": 2, "d": 3}, "sbhd": {"s": 0, "b": 1, "h": 2, "d": 3},
+         "bhsd": {"b": 0, "h": 1, "s": 2, "d": 3}}
 
 
 class TorchUlyssesGroup:
@@ -92,7 +93,7 @@ class TorchUlyssesGroup:
             tag: the call's window name, a non-empty str (there is no window here); None picks
                 `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
             seq_splits, head_splits: per-rank rows / heads; None means even.
-            layout: "bshd" or "sbhd".
+            layout: "bshd", "sbhd" or "bhsd".
 
         Returns:
             A new contiguous plain tensor of the plan's output shape that the caller owns,

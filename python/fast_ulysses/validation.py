@@ -3,19 +3,18 @@ of `reserve`.
 
 Shapes and splits are never checked here: that is the plan's job (`fast_ulysses.plan`), so the
 fast group, the torch fallback and the GPU-free tools raise the same ValueError for the same call.
-The tensor rules repeat csrc/ops/plan_ops.cpp `checked_element_size` word for word, so a bad
-tensor reads the same whichever group rejected it.
+The tensor rules live in C++ (`torch.ops.fast_ulysses.check_input`, the check the fast group's
+kernels run), so a bad tensor reads the same whichever group rejected it.
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
+from ._ops import ops
 from .api import check_tag
 from .plan import Plan, plan, resolve_dtype
 
@@ -35,20 +34,7 @@ def check_input(x: torch.Tensor) -> int:
     """
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
-    if x.dim() != 4:
-        raise ValueError(f"x has shape {_dims(x.shape)}: it must be 4-d (bshd or sbhd)")
-    if not x.is_contiguous():
-        raise ValueError(f"x with shape {_dims(x.shape)} and strides {_dims(x.stride())} is not "
-                         "contiguous: call .contiguous() first")
-    dtype = x.dtype
-    name = _scalar_type_name(dtype)
-    if dtype.is_complex or dtype == torch.bool:
-        raise ValueError(f"x has dtype {name}: complex and bool tensors are not supported")
-    size = x.element_size()
-    if size not in (1, 2, 4):
-        raise ValueError(f"x has dtype {name} of {size} bytes: element size must be 1, 2 or 4 "
-                         "bytes (float16 and bfloat16 are the main ones)")
-    return size
+    return ops.check_input(x)
 
 
 def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_splits=None,
@@ -81,7 +67,7 @@ class CallSpec:
         mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ (the inverse).
         tag: the window the call uses, a non-empty str; calls with one tag share one window.
         seq_splits, head_splits: per-rank rows / heads, None for even.
-        layout: "bshd" or "sbhd".
+        layout: "bshd", "sbhd" or "bhsd".
     """
 
     shape: tuple
@@ -126,20 +112,3 @@ def window_bytes_by_tag(calls: Iterable[CallSpec], world_size: int, rank: int) -
             raise ValueError(f"calls[{index}] (tag {call.tag!r}): {error}") from error
         sizes[call.tag] = max(sizes.get(call.tag, 0), p.window_bytes)
     return sizes
-
-
-def _dims(values) -> str:
-    # c10 prints an IntArrayRef as "[2, 3, 4]"; so does a Python list of ints.
-    return str([int(v) for v in values])
-
-
-@functools.lru_cache(maxsize=None)
-def _scalar_type_name(dtype: torch.dtype) -> str:
-    """The c10 ScalarType name of `dtype` ("Half", "ComplexFloat", ...), as C++ prints it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # complex32 warns that it is experimental
-        try:
-            legacy = torch.empty(0, dtype=dtype).type()  # "torch.HalfTensor"
-        except (RuntimeError, TypeError):
-            return str(dtype).removeprefix("torch.")
-    return legacy.removeprefix("torch.").removesuffix("Tensor")

@@ -41,9 +41,9 @@ std::vector<Case> exhaustive_cases(int world_size, Mode mode, Layout layout) {
   for (const auto& seq : patterns)
     for (const auto& heads : patterns)
       for (int64_t es : {1, 2, 4})
-        for (int64_t row_bytes : {16, 48})
+        for (int64_t d : {int64_t{1}, int64_t{3}, 48 / es})  // rows of es, 3 * es and 48 bytes
           for (int64_t batch : {1, 2, 3})
-            cases.push_back(Case{mode, layout, batch, row_bytes / es, es, seq, heads});
+            cases.push_back(Case{mode, layout, batch, d, es, seq, heads});
   return cases;
 }
 
@@ -52,10 +52,12 @@ Case random_case(std::mt19937_64& rng) {
   const int64_t sizes[] = {1, 2, 4};
   Case c;
   c.mode = rng() % 2 ? Mode::kHeadToSeq : Mode::kSeqToHead;
-  c.layout = rng() % 2 ? Layout::kSBHD : Layout::kBSHD;
+  c.layout = static_cast<Layout>(rng() % 3);
   c.batch = static_cast<int64_t>(rng() % 3) + 1;
   c.element_size = sizes[rng() % 3];
-  c.head_dim = (16 / c.element_size) * (static_cast<int64_t>(rng() % 3) + 1);
+  // Half the rows a multiple of 16 bytes, half any width (d in 1..7).
+  c.head_dim = rng() % 2 ? (16 / c.element_size) * (static_cast<int64_t>(rng() % 3) + 1)
+                         : static_cast<int64_t>(rng() % 7) + 1;
   c.seq_splits = random_splits(rng, P);
   c.head_splits = random_splits(rng, P);
   return c;

@@ -105,12 +105,11 @@ Wide saturating_sum(const std::vector<int64_t>& v) {
 // docs/API.md's limits, independently of plan.cpp: accepted exactly when this holds.
 bool keeps_the_limits(const PlanRequest& r) {
   const int mode = static_cast<int>(r.mode), layout = static_cast<int>(r.layout);
-  if (mode < 0 || mode > 1 || layout < 0 || layout > 1) return false;
+  if (mode < 0 || mode > 1 || layout < 0 || layout > 2) return false;
   if (r.world_size < 1 || r.world_size > fast_ulysses::kMaxWorldSize) return false;
   if (r.rank < 0 || r.rank >= r.world_size) return false;
   if (r.batch < 1 || r.head_dim < 1) return false;
   if (r.element_size != 1 && r.element_size != 2 && r.element_size != 4) return false;
-  if ((Wide(r.head_dim) * r.element_size) % fast_ulysses::kRowAlignment != 0) return false;
   for (const auto* splits : {&r.seq_splits, &r.head_splits}) {
     if (static_cast<int>(splits->size()) != r.world_size) return false;
     for (int64_t x : *splits)
@@ -146,7 +145,7 @@ PlanRequest mutated(Draw& d) {
     case 0: r.world_size = d.world(); break;
     case 1: r.rank = d.one_in(2) ? r.world_size : static_cast<int>(d.any()); break;
     case 2: r.mode = static_cast<Mode>(d.one_in(2) ? 2 : -1); break;
-    case 3: r.layout = static_cast<Layout>(d.one_in(2) ? 2 : -3); break;
+    case 3: r.layout = static_cast<Layout>(d.one_in(2) ? 3 : -3); break;
     case 4: r.batch = d.any(); break;
     case 5: r.head_dim = d.any(); break;
     case 6: r.element_size = d.any(); break;
@@ -173,9 +172,9 @@ PlanRequest raw(Draw& d) {
   r.world_size = d.world();
   r.rank = d.one_in(3) ? static_cast<int>(d.any()) : static_cast<int>(d.below(9)) - 1;
   r.mode = static_cast<Mode>(d.one_in(5) ? d.below(5) - 2 : d.below(2));
-  r.layout = static_cast<Layout>(d.one_in(5) ? d.below(5) - 2 : d.below(2));
+  r.layout = static_cast<Layout>(d.one_in(5) ? d.below(6) - 2 : d.below(3));
   r.batch = d.one_in(2) ? d.below(4) + 1 : d.any();
-  r.head_dim = d.one_in(2) ? 8 * (d.below(4) + 1) : d.any();
+  r.head_dim = d.one_in(3) ? 8 * (d.below(4) + 1) : d.one_in(2) ? d.below(7) + 1 : d.any();
   r.element_size = d.one_in(2) ? int64_t{1} << d.below(3) : d.any();
   const int64_t length = int64_t{r.world_size} + (d.one_in(4) ? d.below(3) - 1 : 0);
   r.seq_splits = splits(d, length);
@@ -189,10 +188,11 @@ PlanRequest huge(Draw& d) {
   r.world_size = static_cast<int>(d.below(8)) + 1;
   r.rank = static_cast<int>(d.below(r.world_size));
   r.mode = static_cast<Mode>(d.below(2));
-  r.layout = static_cast<Layout>(d.below(2));
+  r.layout = static_cast<Layout>(d.below(3));
   r.element_size = int64_t{1} << d.below(3);
-  const int64_t row_log2 = 4 + d.below(8);  // rows of 16 B .. 2 KiB
+  const int64_t row_log2 = 2 + d.below(10);  // rows of 4 B .. 2 KiB, some of odd widths
   r.head_dim = (int64_t{1} << row_log2) / r.element_size;
+  if (d.one_in(4) && r.head_dim > 1) r.head_dim -= 1;
   const int64_t batch_log2 = d.below(12);
   r.batch = int64_t{1} << batch_log2;
   // Spend the remaining bits (+-1 around the limit) between sequence and heads.
@@ -261,10 +261,10 @@ struct Counts {
   const int P = d.world();
   const int rank = d.one_in(4) ? static_cast<int>(d.any()) : static_cast<int>(d.below(9));
   const Mode mode = static_cast<Mode>(d.below(2));
-  const Layout layout = static_cast<Layout>(d.below(2));
+  const Layout layout = static_cast<Layout>(d.below(3));
   std::vector<int64_t> shape(d.one_in(10) ? d.below(6) : 4);
   for (auto& x : shape) x = d.one_in(3) ? d.any() : d.below(9);
-  if (shape.size() == 4 && d.one_in(2)) shape[3] = 8 * (d.below(3) + 1);
+  if (shape.size() == 4 && d.one_in(2)) shape[3] = d.one_in(2) ? 8 * (d.below(3) + 1) : 1;
   const int64_t es = d.one_in(4) ? d.any() : int64_t{1} << d.below(3);
   std::optional<std::vector<int64_t>> seq, heads;
   if (d.one_in(2)) seq = splits(d, int64_t{P} + (d.one_in(6) ? 1 : 0));

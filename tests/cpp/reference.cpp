@@ -29,15 +29,18 @@ std::string join(const std::vector<int64_t>& v) {
 }
 
 // A (batch, seq, heads, head_dim) tensor of `element_size`-byte elements stored in `layout`:
-// bshd is [batch][seq][heads][d], sbhd is [seq][batch][heads][d].
+// bshd is [batch][seq][heads][d], sbhd is [seq][batch][heads][d], bhsd is [batch][heads][seq][d].
 struct Tensor4d {
   Layout layout;
   int64_t batch, seq, heads, head_dim, element_size;
 
   int64_t bytes() const { return batch * seq * heads * head_dim * element_size; }
   int64_t element(int64_t bb, int64_t s, int64_t h, int64_t e) const {
-    const int64_t outer = layout == Layout::kSBHD ? s * batch + bb : bb * seq + s;
-    return ((outer * heads + h) * head_dim + e) * element_size;
+    int64_t line = 0;  // index of the d-vector
+    if (layout == Layout::kSBHD) line = (s * batch + bb) * heads + h;
+    else if (layout == Layout::kBHSD) line = (bb * heads + h) * seq + s;
+    else line = (bb * seq + s) * heads + h;
+    return (line * head_dim + e) * element_size;
   }
   // The inverse of element(): (bb, s, h, e) and the byte within the element.
   struct Index {
@@ -49,6 +52,13 @@ struct Tensor4d {
     int64_t rest = byte / element_size;
     at.e = rest % head_dim;
     rest /= head_dim;
+    if (layout == Layout::kBHSD) {
+      at.s = rest % seq;
+      rest /= seq;
+      at.h = rest % heads;
+      at.bb = rest / heads;
+      return at;
+    }
     at.h = rest % heads;
     const int64_t outer = rest / heads;
     at.bb = layout == Layout::kSBHD ? outer % batch : outer / seq;

@@ -126,12 +126,29 @@ TEST(Coalesced, PlansOfOneRankAreOneFlatCopy) {
   using fast_ulysses::Layout;
   using fast_ulysses::Mode;
   for (Mode mode : {Mode::kSeqToHead, Mode::kHeadToSeq})
-    for (Layout layout : {Layout::kBSHD, Layout::kSBHD})
+    for (Layout layout : {Layout::kBSHD, Layout::kSBHD, Layout::kBHSD})
       for (const Case& c : exhaustive_cases(1, mode, layout)) {
         const CopyDescriptor merged = coalesced(make_plans(c)[0].copies[0]);
         EXPECT_EQ(merged.height, 1) << describe(c);
         EXPECT_EQ(merged.depth, 1) << describe(c);
       }
+}
+
+// bhsd: when my rows are all the rows (the peer holds none), a chunk's heads abut on both sides:
+// one flat run per batch element, and with b = 1 one flat copy.
+TEST(Coalesced, BhsdHeadsThatAbutMerge) {
+  using fast_ulysses::Layout;
+  using fast_ulysses::Mode;
+  for (int64_t batch : {1, 3}) {
+    const Case c{Mode::kSeqToHead, Layout::kBHSD, batch, 3, 4, {4, 0}, {2, 2}};
+    const CopyDescriptor copy = make_plans(c)[0].copies[1];  // heads 2, 3 of my 4 rows
+    EXPECT_EQ(copy.height, 2);
+    const CopyDescriptor merged = coalesced(copy);
+    EXPECT_EQ(merged.width, 2 * 4 * 12) << describe(c);
+    EXPECT_EQ(merged.height, batch) << describe(c);  // slices do not abut at the source
+    EXPECT_EQ(merged.depth, 1) << describe(c);
+    EXPECT_EQ(merged.bytes(), copy.bytes());
+  }
 }
 
 TEST(Coalesced, EmptyCopyIsLeftAlone) {

@@ -29,7 +29,7 @@ class Exhaustive : public ::testing::TestWithParam<std::tuple<int, Mode, Layout>
 TEST_P(Exhaustive, MatchesReference) {
   const auto [P, mode, layout] = GetParam();
   const auto cases = exhaustive_cases(P, mode, layout);
-  ASSERT_EQ(cases.size(), 4u * 4u * 3u * 2u * 3u);
+  ASSERT_EQ(cases.size(), 4u * 4u * 3u * 3u * 3u);
   uint64_t seed = 1;
   for (const Case& c : cases) ASSERT_TRUE(plan_matches_reference(c, seed++)) << describe(c);
 }
@@ -38,7 +38,7 @@ INSTANTIATE_TEST_SUITE_P(
     AllWorldSizes, Exhaustive,
     ::testing::Combine(::testing::Range(1, fast_ulysses::kMaxWorldSize + 1),
                        ::testing::Values(Mode::kSeqToHead, Mode::kHeadToSeq),
-                       ::testing::Values(Layout::kBSHD, Layout::kSBHD)),
+                       ::testing::Values(Layout::kBSHD, Layout::kSBHD, Layout::kBHSD)),
     [](const auto& info) {
       return "P" + std::to_string(std::get<0>(info.param)) + "_mode" +
              std::to_string(static_cast<int>(std::get<1>(info.param))) + "_" +
@@ -59,7 +59,7 @@ TEST_P(RoundTrip, InverseModeRestoresInput) {
 
 INSTANTIATE_TEST_SUITE_P(AllWorldSizes, RoundTrip,
                          ::testing::Combine(::testing::Range(1, fast_ulysses::kMaxWorldSize + 1),
-                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD)),
+                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD, Layout::kBHSD)),
                          [](const auto& info) {
                            return "P" + std::to_string(std::get<0>(info.param)) + "_" +
                                   layout_tag(std::get<1>(info.param));
@@ -98,16 +98,20 @@ TEST(RandomCases, CoverTheSpace) {
     return std::count(v.begin(), v.end(), 0) > 0;
   };
   std::vector<int> per_world_size(fast_ulysses::kMaxWorldSize + 1, 0);
-  int with_zero = 0, sbhd = 0, mode1 = 0;
+  int with_zero = 0, sbhd = 0, bhsd = 0, odd_rows = 0, mode1 = 0;
   for (const Case& c : random_cases()) {
     ++per_world_size[c.world_size()];
     with_zero += has_zero(c.seq_splits) || has_zero(c.head_splits);
     sbhd += c.layout == Layout::kSBHD;
+    bhsd += c.layout == Layout::kBHSD;
+    odd_rows += (c.head_dim * c.element_size) % 16 != 0;
     mode1 += c.mode == Mode::kHeadToSeq;
   }
   for (int P = 1; P <= fast_ulysses::kMaxWorldSize; ++P) EXPECT_GT(per_world_size[P], 1000) << P;
   EXPECT_GT(with_zero, kRandomCases / 10);
-  EXPECT_GT(sbhd, kRandomCases / 3);
+  EXPECT_GT(sbhd, kRandomCases / 4);
+  EXPECT_GT(bhsd, kRandomCases / 4);
+  EXPECT_GT(odd_rows, kRandomCases / 4);
   EXPECT_GT(mode1, kRandomCases / 3);
 }
 

@@ -31,7 +31,9 @@ Case wan_720p(Mode mode, Layout layout) {
 }
 
 Shape in_layout(Layout layout, int64_t seq, int64_t heads) {
-  return layout == Layout::kSBHD ? Shape{seq, 1, heads, kWanDim} : Shape{1, seq, heads, kWanDim};
+  if (layout == Layout::kSBHD) return Shape{seq, 1, heads, kWanDim};
+  if (layout == Layout::kBHSD) return Shape{1, heads, seq, kWanDim};
+  return Shape{1, seq, heads, kWanDim};
 }
 
 class Wan720p : public ::testing::TestWithParam<std::tuple<Mode, Layout>> {};
@@ -79,6 +81,55 @@ TEST(Wan720pStrides, ModeOne) {
   }
 }
 
+// bhsd: a chunk is, per head, one run of rows; 5 heads of rank 3's 9450 rows for rank 6.
+TEST(Wan720pStrides, BhsdModeZero) {
+  const Plan plan =
+      fast_ulysses::make_plan(request_for(wan_720p(Mode::kSeqToHead, Layout::kBHSD), 3));
+  const auto& copy = plan.copies[6];
+  EXPECT_EQ(copy.width, kWanRowsPerRank * 256);
+  EXPECT_EQ(copy.height, 5);
+  EXPECT_EQ(copy.depth, 1);
+  EXPECT_EQ(copy.src_offset, 30 * kWanRowsPerRank * 256);  // heads 30..34, contiguous
+  EXPECT_EQ(copy.src_pitch, kWanRowsPerRank * 256);
+  EXPECT_EQ(copy.dst_offset, 3 * kWanRowsPerRank * 256);  // after ranks 0..2's rows of a head
+  EXPECT_EQ(copy.dst_pitch, kWanTokens * 256);            // the next head of rank 6
+  // The source rows abut, the destination's do not: a 2D copy, 5 rows of 2.4 MB.
+  const auto merged = fast_ulysses::coalesced(copy);
+  EXPECT_EQ(merged.height, 5);
+  EXPECT_EQ(merged.width, kWanRowsPerRank * 256);
+}
+
+TEST(Wan720pStrides, BhsdModeOne) {
+  const Plan plan =
+      fast_ulysses::make_plan(request_for(wan_720p(Mode::kHeadToSeq, Layout::kBHSD), 3));
+  const auto& copy = plan.copies[6];  // rank 6's rows of my heads 15..19
+  EXPECT_EQ(copy.width, kWanRowsPerRank * 256);
+  EXPECT_EQ(copy.height, 5);
+  EXPECT_EQ(copy.src_offset, 6 * kWanRowsPerRank * 256);
+  EXPECT_EQ(copy.src_pitch, kWanTokens * 256);
+  EXPECT_EQ(copy.dst_offset, 15 * kWanRowsPerRank * 256);
+  EXPECT_EQ(copy.dst_pitch, kWanRowsPerRank * 256);
+  // Heads 15..19 of rank 6's window abut: one flat copy there.
+  EXPECT_EQ(fast_ulysses::coalesced(copy).height, 5);  // the source side still strides
+}
+
+// The softmax LSE of ring attention, (B, S, H, 1) fp32: 4-byte rows, any layout.
+TEST(Shapes, LseRowsOfFourBytes) {
+  const auto request = fast_ulysses::request_from_shape(
+      2, 0, Mode::kSeqToHead, Layout::kBSHD, {2, 3, 4, 1}, 4, std::nullopt, std::nullopt);
+  const Plan plan = fast_ulysses::make_plan(request);
+  EXPECT_EQ(plan.output_shape, (Shape{2, 6, 2, 1}));
+  const auto& copy = plan.copies[1];  // heads 2..3 of my 3 rows, for rank 1
+  EXPECT_EQ(copy.width, 8);
+  EXPECT_EQ(copy.height, 3);
+  EXPECT_EQ(copy.depth, 2);
+  EXPECT_EQ(copy.src_offset, 8);
+  EXPECT_EQ(copy.src_pitch, 16);
+  EXPECT_EQ(copy.dst_offset, 0);
+  EXPECT_EQ(copy.dst_pitch, 8);
+  EXPECT_EQ(copy.dst_slice_pitch, 6 * 8);
+}
+
 TEST_P(Wan720p, RequestFromShapeNeedsNoSplits) {
   const auto [mode, layout] = GetParam();
   const Case c = wan_720p(mode, layout);
@@ -94,9 +145,10 @@ TEST_P(Wan720p, RequestFromShapeNeedsNoSplits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BothModesBothLayouts, Wan720p,
+INSTANTIATE_TEST_SUITE_P(BothModesEveryLayout, Wan720p,
                          ::testing::Combine(::testing::Values(Mode::kSeqToHead, Mode::kHeadToSeq),
-                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD)),
+                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD,
+                                                              Layout::kBHSD)),
                          [](const auto& info) {
                            return "mode" + std::to_string(static_cast<int>(std::get<0>(info.param))) +
                                   "_" + fast_ulysses::layout_name(std::get<1>(info.param));
@@ -134,6 +186,10 @@ TEST(Shapes, RequestFromShapeMatchesExplicitRequest) {
 TEST(Shapes, ParseLayoutAndMode) {
   EXPECT_EQ(fast_ulysses::parse_layout("bshd"), Layout::kBSHD);
   EXPECT_EQ(fast_ulysses::parse_layout("sbhd"), Layout::kSBHD);
+  EXPECT_EQ(fast_ulysses::parse_layout("bhsd"), Layout::kBHSD);
+  EXPECT_STREQ(fast_ulysses::layout_name(Layout::kBHSD), "bhsd");
+  for (Layout layout : fast_ulysses::kLayouts)  // every name parses back to its layout
+    EXPECT_EQ(fast_ulysses::parse_layout(fast_ulysses::layout_name(layout)), layout);
   EXPECT_STREQ(fast_ulysses::layout_name(Layout::kSBHD), "sbhd");
   EXPECT_STREQ(fast_ulysses::layout_name(Layout::kBSHD), "bshd");
   EXPECT_EQ(fast_ulysses::parse_mode(0), Mode::kSeqToHead);

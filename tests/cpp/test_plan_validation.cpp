@@ -94,16 +94,17 @@ TEST(Validation, ElementSize) {
                          {"element_size=" + std::to_string(es), "1, 2 or 4"}));
 }
 
-TEST(Validation, RowAlignment) {
-  EXPECT_TRUE(rejected(edited([](auto& r) { r.head_dim = 4; }),
-                       {"head_dim * element_size", "4 * 2 = 8", "multiple of 16"}));
-  EXPECT_NO_THROW(fast_ulysses::validate(edited([](auto& r) {
-    r.head_dim = 12;  // 48 bytes
-    r.element_size = 4;
-  })));
-  EXPECT_TRUE(throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 2, 4, 6}, std::nullopt,
-                                       std::nullopt, 1),
-                            {"head_dim * element_size", "6 * 1 = 6"}));
+// Rows of any byte width are accepted (16-byte rows are only the copy engine's fast case).
+TEST(Validation, AnyRowWidth) {
+  for (int64_t es : {1, 2, 4})
+    for (int64_t d = 1; d <= 17; ++d)
+      EXPECT_NO_THROW(fast_ulysses::validate(edited([&](auto& r) {
+        r.head_dim = d;
+        r.element_size = es;
+      }))) << "d=" << d << " element_size=" << es;
+  // The softmax LSE of ring attention: (B, S, H, 1) fp32, 4-byte rows.
+  EXPECT_NO_THROW(from_shape(2, 0, Mode::kSeqToHead, {2, 3, 4, 1}, std::nullopt, std::nullopt,
+                             4)());
 }
 
 TEST(Validation, BatchAndHeadDim) {
@@ -211,9 +212,16 @@ TEST(RequestFromShape, IndivisibleRowsSuggestSeqSplits) {
 // --- Layout and mode names. ---
 
 TEST(Parse, BadLayout) {
-  for (const char* name : {"BSHD", "bhsd", ""})
+  for (const char* name : {"BSHD", "bsdh", "hsd", ""})
     EXPECT_TRUE(throws_naming([&] { fast_ulysses::parse_layout(name); },
-                              {"layout='" + std::string(name) + "'", "'bshd' or 'sbhd'"}));
+                              {"layout='" + std::string(name) + "'", "'bshd', 'sbhd' or 'bhsd'"}));
+}
+
+TEST(Validation, LayoutOutsideTheEnum) {
+  for (int layout : {3, -1})
+    EXPECT_TRUE(rejected(edited([&](auto& r) { r.layout = static_cast<Layout>(layout); }),
+                         {"layout=" + std::to_string(layout), "bshd (0), sbhd (1) or bhsd (2)"}));
+  EXPECT_NO_THROW(fast_ulysses::validate(edited([](auto& r) { r.layout = Layout::kBHSD; })));
 }
 
 TEST(Parse, BadMode) {

@@ -57,6 +57,22 @@ TEST(Reference, BatchOfTwoSbhd) {
   EXPECT_TRUE(same_bytes(reference_all_to_all(c, inputs), {rows("ACEG"), rows("BDFH")}));
 }
 
+TEST(Reference, UnevenRowsBhsd) {
+  // bhsd: rank 0 holds row 0 of heads 0, 1 (A, B); rank 1 rows 1, 2 of head 0 (C D) and of
+  // head 1 (E F). Rank j keeps head j: all three rows of it, in order.
+  const Case c = lettered(Mode::kSeqToHead, Layout::kBHSD, 1, {1, 2}, {1, 1});
+  const RankBuffers inputs{rows("AB"), rows("CDEF")};
+  EXPECT_TRUE(same_bytes(reference_all_to_all(c, inputs), {rows("ACD"), rows("BEF")}));
+  EXPECT_TRUE(same_bytes(reference_all_to_all(inverse(c), {rows("ACD"), rows("BEF")}), inputs));
+}
+
+TEST(Reference, BatchOfTwoBhsd) {
+  // Rank 0 [b][h][s]: b0h0 = A B, b0h1 = C D, b1h0 = E F, b1h1 = G H; rank 1 (one row): I J K L.
+  const Case c = lettered(Mode::kSeqToHead, Layout::kBHSD, 2, {2, 1}, {1, 1});
+  const RankBuffers inputs{rows("ABCDEFGH"), rows("IJKL")};
+  EXPECT_TRUE(same_bytes(reference_all_to_all(c, inputs), {rows("ABIEFK"), rows("CDJGHL")}));
+}
+
 TEST(Reference, ZeroRowsAndZeroHeads) {
   // Rank 1 holds no token and keeps no head: its input and output are empty.
   const Case c = lettered(Mode::kSeqToHead, Layout::kBSHD, 1, {2, 0}, {2, 0});
@@ -66,7 +82,7 @@ TEST(Reference, ZeroRowsAndZeroHeads) {
 
 TEST(Reference, ModeOneUndoesModeZero) {
   for (int P : {1, 3, 8})
-    for (Layout layout : {Layout::kBSHD, Layout::kSBHD})
+    for (Layout layout : {Layout::kBSHD, Layout::kSBHD, Layout::kBHSD})
       for (const Case& c : exhaustive_cases(P, Mode::kSeqToHead, layout)) {
         const RankBuffers inputs = make_inputs(c, 7);
         const RankBuffers there = reference_all_to_all(c, inputs);

@@ -85,10 +85,10 @@ def main() -> int:
         expect_refused(lambda: group.all_to_all_single_4d(x, 0, "" if rank == 1 else "q"),
                        "rank 1 called all_to_all_single_4d(", "tag=''", "which is invalid",
                        "tag is '': a tag must be a non-empty str")
-        bad = seeded((1, 2, 3, 12), rank) if rank == 2 else x  # 24-byte rows on rank 2
+        bad = x.double() if rank == 2 else x  # 8-byte elements on rank 2
         expect_refused(lambda: group.all_to_all_single_4d_borrowed(bad, 0, "q"),
-                       "rank 2 called all_to_all_single_4d_borrowed(x=(1, 2, 3, 12)",
-                       "which is invalid", "multiple of 16")
+                       "rank 2 called all_to_all_single_4d_borrowed(x=(1, 2, 3, 8)",
+                       "which is invalid", "element size must be 1, 2 or 4 bytes")
         agreed_call(group, rank, 30)
 
     with report.check("debug_agreed"):

@@ -21,15 +21,17 @@ import torch.distributed as dist
 
 import fast_ulysses
 from fast_ulysses.factory import make_group
+from fast_ulysses.plan import input_shape as plan_input_shape
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multirank import Report  # noqa: E402
 
-# (dtype, b) pairs: every dtype and both batch sizes, without their full product (2 cores).
-DTYPE_BATCH = ((torch.float16, 1), (torch.bfloat16, 2), (torch.float32, 2))
-HEAD_DIM = 8  # 16 bytes per fp16 row: the smallest the plan accepts
+# (dtype, b, d) triples: every dtype and both batch sizes, without their full product (2 cores),
+# and fp32 with d = 1 (4-byte rows: the softmax LSE that hybrid Ulysses + Ring exchanges).
+DTYPE_BATCH_DIM = ((torch.float16, 1, 8), (torch.bfloat16, 2, 8), (torch.float32, 2, 1))
+LAYOUTS = ("bshd", "sbhd", "bhsd")
 
 
 def split_cases(P: int):
@@ -45,12 +47,11 @@ def split_cases(P: int):
     return cases
 
 
-def input_shape(mode, layout, b, rank, P, seq, heads):
-    """Rank `rank`'s input shape; None splits mean 2 rows and 2 heads per rank."""
-    seq = seq or [2] * P
-    heads = heads or [2] * P
-    s, n = (seq[rank], sum(heads)) if mode == 0 else (sum(seq), heads[rank])
-    return (b, s, n, HEAD_DIM) if layout == "bshd" else (s, b, n, HEAD_DIM)
+def input_shape(mode, layout, b, d, rank, P, seq, heads):
+    """Rank `rank`'s input shape, from the plan; None splits mean 2 rows and 2 heads per rank."""
+    return plan_input_shape(P, rank, mode, batch=b, head_dim=d,
+                            seq_splits=seq or [2] * P, head_splits=heads or [2] * P,
+                            layout=layout)
 
 
 def make_input(shape, dtype, seed):
@@ -65,10 +66,10 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check_cases(group: TorchUlyssesGroup, P: int) -> int:
     rank, count = group.rank, 0
-    for (name, seq, heads), mode, layout, (dtype, b) in itertools.product(
-            split_cases(P), (0, 1), ("bshd", "sbhd"), DTYPE_BATCH):
+    for (name, seq, heads), mode, layout, (dtype, b, d) in itertools.product(
+            split_cases(P), (0, 1), LAYOUTS, DTYPE_BATCH_DIM):
         seed = 100_000 * P + 1000 * count
-        inputs = [make_input(input_shape(mode, layout, b, r, P, seq, heads), dtype, seed + r)
+        inputs = [make_input(input_shape(mode, layout, b, d, r, P, seq, heads), dtype, seed + r)
                   for r in range(P)]
         kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
         expected = fast_ulysses.simulate(inputs, mode, **kw)[rank]
@@ -80,7 +81,7 @@ def check_cases(group: TorchUlyssesGroup, P: int) -> int:
             got = group.all_to_all_single_4d(inputs[rank], mode, "t", **kw)
         if not same_bits(got, expected):
             raise AssertionError(f"P={P} rank {rank} case {name} mode={mode} {layout} "
-                                 f"{dtype} b={b}: output differs from simulate "
+                                 f"{dtype} b={b} d={d}: output differs from simulate "
                                  f"(shapes {tuple(got.shape)} vs {tuple(expected.shape)})")
         count += 1
     return count
@@ -88,10 +89,10 @@ def check_cases(group: TorchUlyssesGroup, P: int) -> int:
 
 def bad_calls(P: int):
     """Calls every rank gets wrong the same way: (mode, shape, kwargs)."""
-    calls = [(2, (1, 2, 2 * P, 8), {}), (0, (1, 2, 2 * P, 8), {"layout": "bhsd"}),
+    calls = [(2, (1, 2, 2 * P, 8), {}), (0, (1, 2, 2 * P, 8), {"layout": "bsdh"}),
              (0, (1, 2, 2 * P, 8), {"seq_splits": [2] * (P + 1)}),
              (1, (1, 2 * P, 2, 8), {"head_splits": [3] * P}),
-             (0, (1, 2, 2 * P, 12), {})]  # 24-byte rows
+             (1, (1, 2, 2 * P, 8), {"layout": "bhsd", "seq_splits": [3] * P})]
     if P > 1:
         calls.append((0, (1, 2, P + 1, 8), {}))  # heads that P does not divide
     return calls

@@ -130,3 +130,36 @@ def test_plan_json_matches_the_python_plan():
               "dst_pitch", "src_slice_pitch", "dst_slice_pitch")
     assert [[d[f] for f in fields] for d in out["descriptors"]] == [d.as_list() for d in p]
     assert [d["bytes"] for d in out["descriptors"]] == out["bytes_per_peer"]
+
+
+@pytest.mark.parametrize("layout,shape", [("bshd", [1, 9450, 40, 128]),
+                                          ("sbhd", [9450, 1, 40, 128]),
+                                          ("bhsd", [1, 40, 9450, 128])])
+def test_plan_layout_reorders_the_presets_shape(layout, shape):
+    """--layout bhsd (and sbhd) gives the preset's bshd shape in that order, and the plan of that
+    call: the same bytes per peer whatever the layout."""
+    result = run_cli("plan", "--preset", "wan-720p", "--world-size", "8", "--layout", layout,
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["layout"] == layout and out["input_shape"] == shape
+    p = fu.plan(8, 0, 0, shape, torch.bfloat16, layout=layout)
+    assert [[d[f] for f in ("width", "height", "src_pitch", "dst_pitch")]
+            for d in out["descriptors"]] == [[d.width, d.height, d.src_pitch, d.dst_pitch]
+                                             for d in p]
+    assert out["bytes_per_peer"] == [12_096_000] * 8
+
+
+def test_plan_lse_rows_of_four_bytes():
+    """fp32 with d = 1 (the softmax LSE of ring attention) is a valid call."""
+    result = run_cli("plan", "--shape", "2,6,8,1", "--world-size", "2", "--dtype", "fp32",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["element_size"] == 4 and out["output_shape"] == [2, 12, 4, 1]
+    assert out["bytes_per_peer"] == [2 * 6 * 4 * 4] * 2
+
+
+def test_plan_unknown_layout_is_a_usage_error():
+    result = run_cli("plan", "--shape", "1,4,8,64", "--world-size", "2", "--layout", "bsdh")
+    _assert_usage_error(result, "--layout", "bhsd")

@@ -8,30 +8,37 @@ import pytest
 import torch
 
 import fast_ulysses as fu
+from fast_ulysses.plan import LAYOUTS, input_shape, limits
+
+
+# (sequence dim, head dim) of each layout, written here from docs/API.md (not from the plan).
+DIMS = {"bshd": (1, 2), "sbhd": (0, 2), "bhsd": (2, 1)}
 
 
 def reference(inputs, mode, seq_splits, head_splits, layout):
     """All-to-all from the definition, with torch.cat / torch.split (not the plan)."""
-    seq_dim = 0 if layout == "sbhd" else 1
+    seq_dim, head_dim = DIMS[layout]
     if mode == 0:
-        full = torch.cat(inputs, dim=seq_dim)                 # (b, S, N, d)
-        return list(torch.split(full, head_splits, dim=2))
-    full = torch.cat(inputs, dim=2)                           # (b, S, N, d)
+        full = torch.cat(inputs, dim=seq_dim)                 # all rows, all heads
+        return list(torch.split(full, head_splits, dim=head_dim))
+    full = torch.cat(inputs, dim=head_dim)
     return list(torch.split(full, seq_splits, dim=seq_dim))
 
 
 def make_inputs(P, mode, seq, heads, b, d, dtype, layout, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
+    seq_dim, head_dim = DIMS[layout]
     for r in range(P):
         s, n = (seq[r], sum(heads)) if mode == 0 else (sum(seq), heads[r])
-        shape = (b, s, n, d) if layout == "bshd" else (s, b, n, d)
+        shape = [b, b, b, d]
+        shape[seq_dim], shape[head_dim] = s, n
         out.append((torch.randn(shape, generator=g) * 3).to(dtype))
     return out
 
 
-@pytest.mark.parametrize("P,layout,mode", list(itertools.product([1, 2, 3, 5, 8], ["bshd", "sbhd"],
-                                                                 [0, 1])))
+@pytest.mark.parametrize("P,layout,mode", list(itertools.product(
+    [1, 2, 3, 5, 8], ["bshd", "sbhd", "bhsd"], [0, 1])))
 def test_simulate_matches_definition(P, layout, mode):
     seq = [(2 * r + 1) % 4 for r in range(P)]
     seq[0] += 1
@@ -40,6 +47,42 @@ def test_simulate_matches_definition(P, layout, mode):
     got = fu.simulate(xs, mode, seq_splits=seq, head_splits=heads, layout=layout)
     want = reference(xs, mode, seq, heads, layout)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("layout,dtype,d", list(itertools.product(
+    ["bshd", "sbhd", "bhsd"], [torch.float32, torch.float16, torch.int8], [1, 3])))
+def test_simulate_rows_of_any_width(layout, dtype, d):
+    """Rows narrower than 16 bytes, and of odd widths: fp32 with d = 1 is the softmax LSE
+    (b, S, H, 1) of hybrid Ulysses + Ring. Bit-exact with the definition, both modes."""
+    P, seq, heads = 3, [2, 0, 3], [1, 2, 2]
+    for mode in (0, 1):
+        xs = make_inputs(P, mode, seq, heads, 2, d, dtype, layout, seed=d)
+        got = fu.simulate(xs, mode, seq_splits=seq, head_splits=heads, layout=layout)
+        want = reference(xs, mode, seq, heads, layout)
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                   for a, b in zip(got, want))
+
+
+def test_input_shape_is_the_plans():
+    for layout in ("bshd", "sbhd", "bhsd"):
+        for mode in (0, 1):
+            shape = input_shape(3, 1, mode, batch=2, head_dim=1, seq_splits=[2, 5, 0],
+                                head_splits=[1, 2, 4], layout=layout)
+            p = fu.plan(3, 1, mode, shape, torch.float32, seq_splits=[2, 5, 0],
+                        head_splits=[1, 2, 4], layout=layout)
+            assert p.input_shape == shape
+    assert input_shape(3, 1, 0, batch=2, head_dim=1, seq_splits=[2, 5, 0],
+                       head_splits=[1, 2, 4], layout="bhsd") == (2, 7, 5, 1)
+    with pytest.raises(ValueError, match=r"rank=3: must be in \[0, world_size=3\)"):
+        input_shape(3, 3, 0, batch=1, head_dim=8, seq_splits=[1] * 3, head_splits=[1] * 3)
+
+
+def test_limits_and_layouts_come_from_the_plan():
+    assert LAYOUTS == ("bshd", "sbhd", "bhsd")
+    got = limits()
+    assert got == {"max_world_size": 8, "max_bytes": 2 ** 50, "copy_engine_alignment": 16}
+    with pytest.raises(ValueError, match=r"world_size=9: must be in \[1, 8\]"):
+        fu.plan(got["max_world_size"] + 1, 0, 0, (1, 4, 8, 64), torch.bfloat16)
 
 
 def test_round_trip_fp16_even():
@@ -71,9 +114,9 @@ def test_plan_descriptor_fields():
     (dict(world_size=2, rank=2, mode=0, shape=(1, 4, 8, 64)), "rank=2"),
     (dict(world_size=2, rank=0, mode=3, shape=(1, 4, 8, 64)), "mode=3"),
     (dict(world_size=8, rank=0, mode=0, shape=(1, 4, 12, 64)), "pass head_splits"),
-    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 4)), "multiple of 16"),
     (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8)), "4 dimensions"),
-    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), layout="bhsd"), "layout"),
+    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), layout="bsdh"),
+     "layout='bsdh': must be 'bshd', 'sbhd' or 'bhsd'"),
     (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), seq_splits=[5, 4]), "seq_splits[0]=5"),
     (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), head_splits=[4, 3]), "sums to 7"),
 ])

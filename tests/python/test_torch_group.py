@@ -39,36 +39,56 @@ def test_all_ranks_exit_cleanly(eight_ranks):
     eight_ranks.assert_clean_exit()
 
 
+# Each bad tensor and the message docs/API.md's rules give it: one C++ check
+# (torch.ops.fast_ulysses.check_input) raises it for both groups.
 BAD_TENSORS = {
-    "3-d": torch.zeros(2, 3, 8),
-    "non-contiguous": torch.zeros(1, 4, 2, 8).transpose(1, 2),
-    "bool": torch.zeros(1, 2, 2, 16, dtype=torch.bool),
-    "complex": torch.zeros(1, 2, 2, 8, dtype=torch.complex64),
-    "float64": torch.zeros(1, 2, 2, 8, dtype=torch.float64),
-    "int64": torch.zeros(1, 2, 2, 8, dtype=torch.int64),
+    "3-d": (torch.zeros(2, 3, 8), "x has shape [2, 3, 8]: it must be 4-d (bshd, sbhd or bhsd)"),
+    "non-contiguous": (torch.zeros(1, 4, 2, 8).transpose(1, 2),
+                       "x with shape [1, 2, 4, 8] and strides [64, 8, 16, 1] is not contiguous: "
+                       "call .contiguous() first"),
+    "bool": (torch.zeros(1, 2, 2, 16, dtype=torch.bool),
+             "x has dtype Bool: complex and bool tensors are not supported"),
+    "complex": (torch.zeros(1, 2, 2, 8, dtype=torch.complex64),
+                "x has dtype ComplexFloat: complex and bool tensors are not supported"),
+    "float64": (torch.zeros(1, 2, 2, 8, dtype=torch.float64),
+                "x has dtype Double of 8 bytes: element size must be 1, 2 or 4 bytes (float16 "
+                "and bfloat16 are the main ones)"),
+    "int64": (torch.zeros(1, 2, 2, 8, dtype=torch.int64),
+              "x has dtype Long of 8 bytes: element size must be 1, 2 or 4 bytes (float16 "
+              "and bfloat16 are the main ones)"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BAD_TENSORS))
-def test_tensor_errors_match_the_fast_path(world1, name):
-    x = BAD_TENSORS[name]
-    with pytest.raises(ValueError) as native:  # the C++ check, through the Meta kernel
+def test_bad_tensor_gives_the_documented_message_on_both_groups(world1, name):
+    """The fast group's kernels (reached here through the Meta kernel) and TorchUlyssesGroup
+    run the one C++ check, and both raise its message, whole."""
+    x, message = BAD_TENSORS[name]
+    exact = "^" + re.escape(message) + "$"
+    with pytest.raises(ValueError, match=exact):
         torch.ops.fast_ulysses.all_to_all_single_4d(x.to("meta"), 0, "t", world1.group_name)
-    with pytest.raises(ValueError) as python:
+    with pytest.raises(ValueError, match=exact):
+        TorchUlyssesGroup(world1).all_to_all_single_4d(x, 0, "t")
+    with pytest.raises(ValueError, match=exact):
         check_input(x)
-    assert str(python.value) == str(native.value)
-    group = TorchUlyssesGroup(world1)
-    with pytest.raises(ValueError, match="^" + re.escape(str(native.value)) + "$"):
-        group.all_to_all_single_4d(x, 0, "t")
+
+
+def test_check_input_returns_the_element_size():
+    for dtype, size in [(torch.int8, 1), (torch.bfloat16, 2), (torch.float32, 4)]:
+        assert check_input(torch.zeros(1, 2, 3, 1, dtype=dtype)) == size
+        assert check_input(torch.zeros(1, 2, 3, 1, dtype=dtype, device="meta")) == size
+    with pytest.raises(ValueError, match="^x is a list: it must be a torch.Tensor$"):
+        check_input([1, 2])
 
 
 @pytest.mark.parametrize("dtype,d", [(torch.float8_e4m3fn, 16), (torch.int8, 16),
-                                     (torch.int32, 4), (torch.float16, 8)])
-def test_other_dtypes_are_bit_exact(world1, dtype, d):
+                                     (torch.int32, 4), (torch.float16, 8), (torch.float32, 1),
+                                     (torch.float16, 3), (torch.int8, 5)])
+def test_other_dtypes_and_row_widths_are_bit_exact(world1, dtype, d):
     g = torch.Generator().manual_seed(7)
     x = torch.randint(-100, 100, (2, 3, 4, d), generator=g).to(dtype)
     group = TorchUlyssesGroup(world1)
-    for layout in ("bshd", "sbhd"):
+    for layout in ("bshd", "sbhd", "bhsd"):
         out = group.all_to_all_single_4d(x, 0, "t", layout=layout)
         want = fast_ulysses.simulate([x], 0, layout=layout)[0]
         assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
@@ -117,6 +137,17 @@ def test_window_bytes_by_tag_is_the_largest_plan_per_tag():
         p = fast_ulysses.plan(8, 0, c.mode, c.shape, c.dtype, head_splits=c.head_splits)
         want[c.tag] = max(want.get(c.tag, 0), p.window_bytes)
     assert got == want and list(got) == ["q", "o"]
+
+
+def test_window_bytes_by_tag_takes_every_layout_and_narrow_rows():
+    """A bhsd call and an fp32 d = 1 call (the LSE) size their windows as the plan says."""
+    calls = [CallSpec((2, 12, 6, 64), torch.bfloat16, 0, "q", layout="bhsd"),
+             CallSpec((2, 6, 12, 1), torch.float32, 0, "lse")]
+    got = window_bytes_by_tag(calls, 4, 1)
+    assert got == {"q": 2 * 3 * 24 * 64 * 2, "lse": 2 * 24 * 3 * 1 * 4}
+    for c in calls:
+        assert got[c.tag] == fast_ulysses.plan(4, 1, 0, c.shape, c.dtype,
+                                               layout=c.layout).window_bytes
 
 
 @pytest.mark.parametrize("call,message", [

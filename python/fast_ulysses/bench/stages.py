@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import plan as make_plan
+from ..plan import input_shape
 from .timing import (capture, chain_length, host_us, median_ms, on_side, overlap,
                      smaller_gemm)
 
@@ -28,10 +29,10 @@ class Case:
     head_dim: int
     dtype: torch.dtype
 
-    def input_shape(self, rank: int, mode: int) -> tuple:
-        if mode == 0:
-            return (self.batch, self.seq_splits[rank], sum(self.head_splits), self.head_dim)
-        return (self.batch, sum(self.seq_splits), self.head_splits[rank], self.head_dim)
+    def input_shape(self, rank: int, mode: int) -> tuple:  # bshd, from the plan
+        return input_shape(len(self.seq_splits), rank, mode, batch=self.batch,
+                           head_dim=self.head_dim, seq_splits=self.seq_splits,
+                           head_splits=self.head_splits)
 
     def kwargs(self) -> dict:
         return dict(seq_splits=list(self.seq_splits), head_splits=list(self.head_splits))

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from .. import plan as make_plan
 from ..presets import PRESETS, preset_call
-from ..plan import DTYPE_NAMES
+from ..plan import DTYPE_NAMES, LAYOUTS
 from ..topology import MAX_RANKS
 from ._help import HelpFormatter
 
@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
     call = p.add_mutually_exclusive_group(required=True)
     call.add_argument("--preset", choices=sorted(PRESETS), help="a model shape")
     call.add_argument("--shape", type=_ints,
-                      help="this rank's input shape b,s,n,d (in --layout order)")
+                      help="this rank's input shape in --layout order (b,s,n,d for bshd)")
     p.add_argument("--world-size", type=int, required=True,
                    help=f"ranks in the group (1 to {MAX_RANKS})")
     p.add_argument("--rank", type=int, default=0, help="the rank whose plan is printed")
@@ -48,8 +48,8 @@ def add_parser(subparsers) -> None:
                    help="0: (b, s/P, N, d) -> (b, S, N/P, d); 1: the inverse")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="element type (default: the preset's, bf16 with --shape)")
-    p.add_argument("--layout", choices=("bshd", "sbhd"), default="bshd",
-                   help="dimension order of --shape and of the printed shapes")
+    p.add_argument("--layout", choices=LAYOUTS, default="bshd", metavar="LAYOUT",
+                   help=f"{', '.join(LAYOUTS)}: order of --shape")
     p.add_argument("--seq-splits", type=_ints,
                    help="rows of every rank, comma-separated (default: even, or the preset's)")
     p.add_argument("--head-splits", type=_ints,
@@ -62,9 +62,9 @@ def add_parser(subparsers) -> None:
 def _request(args) -> dict:
     if args.preset:
         call = preset_call(args.preset, args.world_size, args.rank, mode=args.mode)
-        if args.layout == "sbhd":
-            b, s, *rest = call["shape"]
-            call["shape"] = (s, b, *rest)
+        b, s, n, d = call["shape"]  # the preset's bshd shape, in --layout order
+        call["shape"] = {"bshd": (b, s, n, d), "sbhd": (s, b, n, d), "bhsd": (b, n, s, d)}[
+            args.layout]
         if args.dtype:
             call["dtype"] = DTYPES[args.dtype]
     else:
