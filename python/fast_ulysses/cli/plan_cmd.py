@@ -13,7 +13,7 @@ from rich.table import Table
 from .. import plan as make_plan
 from ..presets import PRESETS, preset_call
 from ..plan import DTYPE_NAMES, LAYOUTS
-from ..topology import MAX_RANKS
+from ..policy import MAX_RANKS
 from ._help import HelpFormatter
 
 DTYPES = DTYPE_NAMES  # one table of dtype names, fast_ulysses.plan's
