@@ -30,9 +30,17 @@ if(_fast_ulysses_cu_files)
   endforeach()
   list(GET FAST_ULYSSES_CUDA_ARCHS -1 _newest)
   list(APPEND CMAKE_CUDA_ARCHITECTURES "${_newest}-virtual")
-  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  set(CMAKE_CUDA_RUNTIME_LIBRARY None)  # the shared runtime is linked explicitly
   set(CMAKE_CUDA_STANDARD 17)
   enable_language(CUDA)
+  # The modules link with the C++ linker, and a library with CUDA code would otherwise add nvcc's
+  # implicit link libraries and directories to them. When nvcc's host compiler is a wrapper with
+  # a libstdc++ of its own (docs/INSTALL.md, "Known build pitfall"), its directory then comes
+  # ahead of the system's on the link line and fast_ulysses._cuda can end up with a second,
+  # static libstdc++, which crashes on the first C++ exception (every ValueError for a bad call).
+  # The kernel needs only the shared CUDA runtime, which csrc/kernels/CMakeLists.txt links.
+  set(CMAKE_CUDA_IMPLICIT_LINK_LIBRARIES "")
+  set(CMAKE_CUDA_IMPLICIT_LINK_DIRECTORIES "")
   message(STATUS "fast-ulysses: device code for CUDA architectures ${FAST_ULYSSES_CUDA_ARCHS_CSV}")
 else()
   set(FAST_ULYSSES_DEVICE_CODE OFF)

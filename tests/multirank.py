@@ -32,6 +32,14 @@ REPORT_ENV = "FAST_ULYSSES_TEST_REPORT"
 TAIL_LINES = 40
 
 
+def subgroup_sizes(world: int, fast: bool) -> list[int]:
+    """The group sizes P a worker runs, each on the last P ranks of its world: 1..world, or with
+    the fast group only the whole world. torch's symmetric-memory rendezvous counts allocations
+    per process, not per group, so ranks whose processes allocated on different earlier groups
+    wait for each other's keys until the store times out (docs/API.md, "Process groups")."""
+    return [world] if fast else list(range(1, world + 1))
+
+
 # -- worker side ------------------------------------------------------------------------------
 
 class Report:

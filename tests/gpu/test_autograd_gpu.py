@@ -1,7 +1,7 @@
 """Autograd, UlyssesAttention and the framework adapters on the fast group: the CPU tests'
 workers (tests/python/_autograd_worker.py, _attention_worker.py, _integrations_worker.py) run
 with --shared-gpu, P = 1, 2, 3 ranks sharing this machine's first GPU (UlyssesGroup over
-gloo), one launch per worker, one test per check and P. Plus torch.compile of a backward through
+gloo), one launch per worker and P (each on its whole world), one test per check. Plus torch.compile of a backward through
 the op, in process. They skip, saying why, where no GPU is visible."""
 
 from __future__ import annotations
@@ -22,29 +22,27 @@ import _attention_worker  # noqa: E402
 import _autograd_worker  # noqa: E402
 import _integrations_worker  # noqa: E402
 
-WORLD = 3
+NPROCS = (1, 2, 3)  # one launch per P: the fast group runs each worker on its whole world only
 TIMEOUT_S = 480
 WORKERS = {"autograd": _autograd_worker, "attention": _attention_worker,
            "integrations": _integrations_worker}
 
 
 def cases():
-    return [(name, check) for name, module in WORKERS.items()
-            for check in module.check_names(WORLD)]
+    return [(name, n, check) for name, module in WORKERS.items() for n in NPROCS
+            for check in module.check_names(n, shared_gpu=True)]
 
 
 @needs_gpu
-@pytest.mark.parametrize("worker,check", cases())
-def test_fast_group_check(shared_gpu_runs, worker, check):
-    run = shared_gpu_runs(Path(WORKERS[worker].__file__), WORLD, timeout=TIMEOUT_S)
-    P = int(check.rsplit("_P", 1)[1])
-    run.assert_check(check, ranks=range(WORLD - P, WORLD))
+@pytest.mark.parametrize("worker,nproc,check", cases())
+def test_fast_group_check(shared_gpu_runs, worker, nproc, check):
+    shared_gpu_runs(Path(WORKERS[worker].__file__), nproc, timeout=TIMEOUT_S).assert_check(check)
 
 
 @needs_gpu
-@pytest.mark.parametrize("worker", sorted(WORKERS))
-def test_fast_group_run_ends_cleanly(shared_gpu_runs, worker):
-    shared_gpu_runs(Path(WORKERS[worker].__file__), WORLD, timeout=TIMEOUT_S).assert_clean_exit()
+@pytest.mark.parametrize("worker,nproc", [(w, n) for w in sorted(WORKERS) for n in NPROCS])
+def test_fast_group_run_ends_cleanly(shared_gpu_runs, worker, nproc):
+    shared_gpu_runs(Path(WORKERS[worker].__file__), nproc, timeout=TIMEOUT_S).assert_clean_exit()
 
 
 @needs_gpu

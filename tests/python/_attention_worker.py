@@ -27,7 +27,7 @@ import fast_ulysses as fu
 from fast_ulysses.attention import group_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report, subgroup_sizes  # noqa: E402
 
 D = 8
 
@@ -104,7 +104,7 @@ def main() -> int:
     rank, W = dist.get_rank(), dist.get_world_size()
     report = Report(rank)
     try:
-        for P in range(1, W + 1):
+        for P in subgroup_sizes(W, args.shared_gpu):
             members = list(range(W - P, W))
             pg = dist.new_group(members, timeout=timeout)
             if rank in members:
@@ -123,8 +123,8 @@ def main() -> int:
     return 0
 
 
-def check_names(world: int) -> list[str]:
-    return [f"{c}_P{P}" for P in range(1, world + 1) for c in ("attention", "registry")]
+def check_names(world: int, shared_gpu: bool = False) -> list[str]:
+    return [f"{c}_P{P}" for P in subgroup_sizes(world, shared_gpu) for c in ("attention", "registry")]
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import fast_ulysses as fu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report, subgroup_sizes  # noqa: E402
 
 CANDIDATE_LAYOUTS = ("bshd", "sbhd", "bhsd")
 D = 8
@@ -157,7 +157,7 @@ def main() -> int:
     rank, W = dist.get_rank(), dist.get_world_size()
     report = Report(rank)
     try:
-        for P in range(1, W + 1):
+        for P in subgroup_sizes(W, args.shared_gpu):
             members = list(range(W - P, W))
             pg = dist.new_group(members, timeout=timeout)
             if rank in members:
@@ -181,9 +181,9 @@ def main() -> int:
     return 0
 
 
-def check_names(world: int) -> list[str]:
+def check_names(world: int, shared_gpu: bool = False) -> list[str]:
     """Every check a rank of a `world`-rank run reports, in order (for the last rank)."""
-    return [f"{c}_P{P}" for P in range(1, world + 1)
+    return [f"{c}_P{P}" for P in subgroup_sizes(world, shared_gpu)
             for c in ("grads", "residual", "borrowed", "auto_tag")]
 
 

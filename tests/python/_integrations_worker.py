@@ -28,7 +28,7 @@ from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report, subgroup_sizes  # noqa: E402
 
 
 # -- the reference: upstream semantics, written from their documentation ----------------------
@@ -104,7 +104,9 @@ def check_yunchang(pg, P, device):
 def check_deepspeed(pg, P, device):
     def local_attention(q, k, v, layout):
         order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
-        o = F.scaled_dot_product_attention(*(t.permute(order) for t in (q, k, v)))
+        # contiguous: SDPA picks its kernel by memory layout, so the same values in another
+        # layout could take another kernel on a GPU and differ in the last bits
+        o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
         return o.permute([order.index(i) for i in range(4)])
 
     for batch_dim_idx, layout in ((0, "bshd"), (1, "sbhd")):
@@ -158,7 +160,7 @@ def main() -> int:
     rank, W = dist.get_rank(), dist.get_world_size()
     report = Report(rank)
     try:
-        for P in range(1, W + 1):
+        for P in subgroup_sizes(W, args.shared_gpu):
             members = list(range(W - P, W))
             pg = dist.new_group(members, timeout=timeout)
             if rank in members:
@@ -176,8 +178,8 @@ def main() -> int:
     return 0
 
 
-def check_names(world: int) -> list[str]:
-    return [f"{name}_P{P}" for P in range(1, world + 1) for name, _ in CHECKS]
+def check_names(world: int, shared_gpu: bool = False) -> list[str]:
+    return [f"{name}_P{P}" for P in subgroup_sizes(world, shared_gpu) for name, _ in CHECKS]
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import fast_ulysses
@@ -122,3 +123,22 @@ def test_doctor_versions_say_none_for_what_it_cannot_see():
     assert versions["driver"].startswith("none (") and versions["driver_cuda"].startswith("none (")
     assert all(isinstance(v, str) and v for v in versions.values()), versions
 
+
+
+@pytest.mark.parametrize("module", ["fast_ulysses._C", "fast_ulysses._cuda"])
+def test_the_extension_carries_no_libstdcxx_of_its_own(module):
+    """A compiler wrapper (or nvcc's implicit link directories) can link a static libstdc++ into
+    the extension, which then crashes on its first C++ exception. Its locale facets are the
+    sign: no money_put may be defined in the module (docs/INSTALL.md, "Known build pitfall")."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        pytest.skip(f"{module} is not built here")
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    symbols = subprocess.run(["nm", "-D", "--defined-only", spec.origin], capture_output=True,
+                             text=True, check=True).stdout
+    carried = [line for line in symbols.splitlines() if "money_put" in line]
+    assert not carried, f"{spec.origin} defines libstdc++'s own symbols: {carried[:3]}"
