@@ -5,6 +5,8 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <array>
+
 #include "plan/host_executor.h"
 
 namespace fast_ulysses::ops {
@@ -24,20 +26,22 @@ auto translate_plan_errors(Fn&& fn) {
   }
 }
 
+// The columns of a descriptor row (the plan op's output, host_copy's input), in order: the one
+// definition of that order. Column 0 is the peer; the others are CopyDescriptor's byte fields.
+constexpr std::array<int64_t CopyDescriptor::*, kDescriptorFields - 1> kByteFields = {
+    &CopyDescriptor::src_offset, &CopyDescriptor::dst_offset,      &CopyDescriptor::width,
+    &CopyDescriptor::height,     &CopyDescriptor::depth,           &CopyDescriptor::src_pitch,
+    &CopyDescriptor::dst_pitch,  &CopyDescriptor::src_slice_pitch, &CopyDescriptor::dst_slice_pitch};
+const std::array<std::string, kDescriptorFields> kFieldNames = {
+    "peer",  "src_offset", "dst_offset", "width",           "height",
+    "depth", "src_pitch",  "dst_pitch",  "src_slice_pitch", "dst_slice_pitch"};
+
 CopyDescriptor descriptor_from(at::IntArrayRef row) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(row.size()) == kDescriptorFields,
                     "descriptor has ", row.size(), " fields: it needs ", kDescriptorFields);
   CopyDescriptor c;
   c.peer = static_cast<int>(row[0]);
-  c.src_offset = row[1];
-  c.dst_offset = row[2];
-  c.width = row[3];
-  c.height = row[4];
-  c.depth = row[5];
-  c.src_pitch = row[6];
-  c.dst_pitch = row[7];
-  c.src_slice_pitch = row[8];
-  c.dst_slice_pitch = row[9];
+  for (size_t f = 0; f < kByteFields.size(); ++f) c.*kByteFields[f] = row[f + 1];
   return c;
 }
 
@@ -126,14 +130,16 @@ plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
   auto out = rows.accessor<int64_t, 2>();
   for (int64_t j = 0; j < P; ++j) {
     const CopyDescriptor& c = plan.copies[j];
-    const int64_t fields[kDescriptorFields] = {
-        c.peer,      c.src_offset, c.dst_offset,      c.width,          c.height,
-        c.depth,     c.src_pitch,  c.dst_pitch,       c.src_slice_pitch, c.dst_slice_pitch};
-    for (int64_t f = 0; f < kDescriptorFields; ++f) out[j][f] = fields[f];
+    out[j][0] = c.peer;
+    for (size_t f = 0; f < kByteFields.size(); ++f) out[j][f + 1] = c.*kByteFields[f];
   }
   return {rows,
           std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
           plan.request.seq_splits, plan.request.head_splits, plan.window_bytes};
+}
+
+std::vector<std::string> descriptor_fields() {
+  return {kFieldNames.begin(), kFieldNames.end()};
 }
 
 void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef descriptor) {

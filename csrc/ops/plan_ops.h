@@ -18,9 +18,10 @@ Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef sh
               int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout);
 
-// Descriptor rows as an int64 [P, 10] CPU tensor: peer, src_offset, dst_offset, width, height,
-// depth, src_pitch, dst_pitch, src_slice_pitch, dst_slice_pitch (the column order of the op).
+// Descriptor rows are int64 [P, 10] CPU tensors; descriptor_fields() names the columns in order
+// (the op of the same name: Python builds its CopyDescriptor by these names).
 constexpr int64_t kDescriptorFields = 10;
+std::vector<std::string> descriptor_fields();
 
 std::tuple<at::Tensor, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t>
 plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,

@@ -15,6 +15,8 @@ TORCH_LIBRARY(fast_ulysses, m) {
       "-> (Tensor descriptors, int[] output_shape, int[] seq_splits, int[] head_splits, "
       "int window_bytes)");
   m.def("host_copy(Tensor src, Tensor(a!) dst, int[] descriptor) -> ()");
+  // The names of a descriptor row's columns, in order.
+  m.def("descriptor_fields() -> str[]");
   // The input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte non-bool, non-complex dtype),
   // for every group: returns the element size or raises ValueError. Any device (Meta included).
   m.def("check_input(Tensor x) -> int");
@@ -74,6 +76,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("plan", &fast_ulysses::ops::plan_op);
+  m.impl("descriptor_fields", &fast_ulysses::ops::descriptor_fields);
   m.impl("check_norm_rope", &fast_ulysses::ops::check_norm_rope_op);
   m.impl("check_input", &fast_ulysses::ops::check_input_op);
   m.impl("limits", &fast_ulysses::ops::limits_op);

@@ -153,7 +153,8 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
         world_size, rank, mode, list(shape), element_size,
         None if seq_splits is None else list(seq_splits),
         None if head_splits is None else list(head_splits), layout)
-    descriptors = [CopyDescriptor(*row) for row in rows.tolist()]
+    columns = ops.descriptor_fields()  # the C++ column order, by name
+    descriptors = [CopyDescriptor(**dict(zip(columns, row))) for row in rows.tolist()]
     return Plan(descriptors, world_size=world_size, rank=rank, mode=mode, layout=layout,
                 input_shape=shape, output_shape=output_shape, seq_splits=seq,
                 head_splits=heads, window_bytes=window_bytes, element_size=element_size)

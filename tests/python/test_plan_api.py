@@ -101,12 +101,19 @@ def test_wan_720p_plan_bytes():
     assert p.remote_bytes == 7 * 12_096_000
 
 
-def test_plan_descriptor_fields():
+def test_plan_descriptor_fields_cross_by_name():
+    """The C++ names its descriptor columns (op descriptor_fields); the Python CopyDescriptor has
+    exactly those fields and is built by name, so a column order changed on one side cannot
+    silently swap two values on the other."""
+    import dataclasses
+
+    columns = torch.ops.fast_ulysses.descriptor_fields()
+    assert sorted(columns) == sorted(f.name for f in dataclasses.fields(fu.CopyDescriptor))
     p = fu.plan(2, 1, 0, (2, 3, 4, 8), torch.float32)
-    names = ["peer", "src_offset", "dst_offset", "width", "height", "depth", "src_pitch",
-             "dst_pitch", "src_slice_pitch", "dst_slice_pitch"]
-    assert all(hasattr(p[0], n) for n in names)
     assert [d.peer for d in p] == [0, 1]
+    d = p[0]  # rank 1 sends its 2 heads of 3 rows to rank 0, per batch element
+    assert (d.width, d.height, d.depth) == (2 * 8 * 4, 3, 2)
+    assert (d.src_pitch, d.dst_pitch) == (4 * 8 * 4, 2 * 8 * 4)
 
 
 @pytest.mark.parametrize("kwargs,needle", [

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from .. import plan as make_plan
 from ..presets import PRESETS, preset_call
-from ..plan import DTYPE_NAMES, LAYOUTS
+from ..plan import DTYPE_NAMES, LAYOUTS, CopyDescriptor
 from ..policy import MAX_RANKS
 from ._help import HelpFormatter
 
@@ -108,12 +108,12 @@ def run(args: argparse.Namespace) -> int:
     title = (f"rank {p.rank} of {p.world_size}, mode {p.mode}, {p.layout}, {call['dtype']}: "
              f"{p.input_shape} -> {p.output_shape}")
     table = Table(title=title)
-    for column in ("peer", "bytes", "src_offset", "dst_offset", "width", "height", "depth",
-                   "src_pitch", "dst_pitch", "src_slice_pitch", "dst_slice_pitch"):
+    names = [f.name for f in dataclasses.fields(CopyDescriptor)]
+    for column in ("peer", "bytes", *names[1:]):
         table.add_column(column, justify="right")
     for d in p:
         table.add_row(f"{d.peer}{' (self)' if d.peer == p.rank else ''}", f"{d.bytes:,}",
-                      *(f"{v:,}" for v in d.as_list()[1:]))
+                      *(f"{getattr(d, name):,}" for name in names[1:]))
     console.print(table)
     console.print(f"seq_splits {p.seq_splits}; head_splits {p.head_splits}")
     console.print(f"total {p.total_bytes:,} bytes; to peers {p.remote_bytes:,} bytes; "
