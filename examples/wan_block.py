@@ -162,6 +162,9 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
         print(f"  losses: P ranks {[f'{v:.6f}' for v in losses]}, one rank "
               f"{[f'{v:.6f}' for v in ref_losses]}")
         print(f"every check within {tolerance:g}: {bool(ok.item())}")
+    # Every rank past its last collective before any tears its process group down: a rank
+    # exiting while a peer's gloo transfer is still in flight can abort that peer at exit.
+    dist.barrier()
     group.destroy()
     dist.destroy_process_group()
     if not ok.item():

@@ -83,6 +83,9 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
         print(f"Wan attention block, {HEADS} heads (splits {heads}), {SEQ} tokens (splits {seq}), "
               f"{dtype}: max |sharded - one process| = {worst.item():.2e} "
               f"(tolerance {tolerance:g}): {'ok' if worst.item() <= tolerance else 'FAILED'}")
+    # Every rank past its last collective before any tears its process group down: a rank
+    # exiting while a peer's gloo transfer is still in flight can abort that peer at exit.
+    dist.barrier()
     group.destroy()
     dist.destroy_process_group()
     if worst.item() > tolerance:
