@@ -40,6 +40,41 @@ def subgroup_sizes(world: int, fast: bool) -> list[int]:
     return [world] if fast else list(range(1, world + 1))
 
 
+def run_on_subgroups(fast: bool, body, *, timeout_s: float = 120) -> int:
+    """A worker's main: joins the gloo world torchrun (or `launch`) describes, then for each P of
+    `subgroup_sizes` builds the group of the last P ranks (collective: every rank) and calls
+    `body(report, pg, P, device)` on its members; device is cuda:0 when `fast` (ranks sharing
+    the first GPU), else the CPU. Returns the exit code: 1 after printing the first exception
+    (the report says which check it was in), else 0."""
+    import datetime
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("gloo", timeout=timeout)
+    if fast:
+        torch.cuda.set_device(0)
+    device = torch.device("cuda", 0) if fast else torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    report = Report(rank)
+    try:
+        for P in subgroup_sizes(world, fast):
+            members = list(range(world - P, world))
+            pg = dist.new_group(members, timeout=timeout)
+            if rank in members:
+                body(report, pg, P, device)
+            dist.barrier()
+    except Exception:  # noqa: BLE001 - report everything, then fail this rank
+        traceback.print_exc()
+        sys.stdout.flush()
+        return 1
+    report.finish()
+    dist.destroy_process_group()
+    return 0
+
+
 # -- worker side ------------------------------------------------------------------------------
 
 class Report:

@@ -31,6 +31,11 @@ def as_mode(mode) -> int:
                      "(Mode.HEAD_TO_SEQ)")
 
 
+def as_splits(values) -> list[int] | None:
+    """Split sizes as the plain int list the ops take (None stays None: even splits)."""
+    return None if values is None else [int(v) for v in values]
+
+
 def check_tag(tag) -> str:
     """The tag rule of every entry point and of `CallSpec`: a non-empty str.
 

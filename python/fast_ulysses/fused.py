@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ._ops import ops
-from .api import check_tag
+from .api import as_splits, check_tag
 
 NORMS = ("all_heads", "per_head")
 ROPE_STYLES = ("interleaved", "half")
@@ -110,7 +110,7 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
     group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
     return ops.qk_norm_rope_all_to_all(
         x, tag, group.group_name, norm_weight, float(eps), cos, sin, norm, rope_style,
-        _list(seq_splits), _list(head_splits), layout, bool(borrowed), bool(barrier),
+        as_splits(seq_splits), as_splits(head_splits), layout, bool(borrowed), bool(barrier),
         group.rank)
 
 
@@ -135,7 +135,3 @@ def qk_norm_rope_all_to_all_qk(group, q: torch.Tensor, k: torch.Tensor,
         for t, tag, w in zip((q, k), tags, norm_weights))
     group.barrier()
     return out
-
-
-def _list(values):
-    return None if values is None else [int(v) for v in values]

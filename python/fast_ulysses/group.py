@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ._ops import cuda_load_error, ops
-from .api import as_mode, check_tag, group_repr
+from .api import as_mode, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled
 from .policy import Decision, decide
@@ -98,7 +98,7 @@ class UlyssesGroup:
         """
         tag = resolve_tag(tag, x, mode, layout)
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        args = (x, as_mode(mode), tag, self.group_name, _list(seq_splits), _list(head_splits),
+        args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits), as_splits(head_splits),
                 layout, self.rank)
         if x.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
             return ops.all_to_all_single_4d(*args)
@@ -132,7 +132,7 @@ class UlyssesGroup:
                           head_splits, layout, barrier)
         with torch._C._AutoDispatchBelowAutograd():  # no grad (checked): skip autograd
             return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
-                                                     _list(seq_splits), _list(head_splits),
+                                                     as_splits(seq_splits), as_splits(head_splits),
                                                      layout, bool(barrier), self.rank)
 
     def barrier(self) -> None:
@@ -211,10 +211,6 @@ class UlyssesGroup:
             raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
         if device:
             ops.check_device(self.group_name, x)
-
-
-def _list(values):
-    return None if values is None else [int(v) for v in values]
 
 
 def _check_decision(group: dist.ProcessGroup, device: torch.device,

@@ -13,10 +13,8 @@ not divide, a sequence it does not divide):
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -27,7 +25,7 @@ import fast_ulysses as fu
 from fast_ulysses.attention import group_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report, subgroup_sizes  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 
 D = 8
 
@@ -96,31 +94,15 @@ def main() -> int:
     parser.add_argument("--shared-gpu", action="store_true",
                         help="every rank on cuda:0 (make_group picks the fast group)")
     args = parser.parse_args()
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group("gloo", timeout=timeout)
-    device = torch.device("cuda", 0) if args.shared_gpu else torch.device("cpu")
-    if args.shared_gpu:
-        torch.cuda.set_device(0)
-    rank, W = dist.get_rank(), dist.get_world_size()
-    report = Report(rank)
-    try:
-        for P in subgroup_sizes(W, args.shared_gpu):
-            members = list(range(W - P, W))
-            pg = dist.new_group(members, timeout=timeout)
-            if rank in members:
-                with report.check(f"attention_P{P}") as entry:
-                    entry["detail"] = f"{check_attention(pg, P, device)} cases"
-                with report.check(f"registry_P{P}"):
-                    check_registry(pg, P, device)
-                group_for(pg).destroy()
-            dist.barrier()
-    except Exception:  # noqa: BLE001 - report everything, then fail this rank
-        traceback.print_exc()
-        sys.stdout.flush()
-        return 1
-    report.finish()
-    dist.destroy_process_group()
-    return 0
+
+    def body(report, pg, P, device):
+        with report.check(f"attention_P{P}") as entry:
+            entry["detail"] = f"{check_attention(pg, P, device)} cases"
+        with report.check(f"registry_P{P}"):
+            check_registry(pg, P, device)
+        group_for(pg).destroy()
+
+    return run_on_subgroups(args.shared_gpu, body)
 
 
 def check_names(world: int, shared_gpu: bool = False) -> list[str]:

@@ -14,10 +14,8 @@ All ranks join one world; for P = 1..world_size the last P ranks form a subgroup
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -26,7 +24,7 @@ import torch.distributed as dist
 import fast_ulysses as fu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report, subgroup_sizes  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 
 CANDIDATE_LAYOUTS = ("bshd", "sbhd", "bhsd")
 D = 8
@@ -150,35 +148,20 @@ def main() -> int:
     parser.add_argument("--shared-gpu", action="store_true",
                         help="the fast group, every rank on cuda:0 (else TorchUlyssesGroup, CPU)")
     args = parser.parse_args()
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group("gloo", timeout=timeout)
-    if args.shared_gpu:
-        torch.cuda.set_device(0)
-    rank, W = dist.get_rank(), dist.get_world_size()
-    report = Report(rank)
-    try:
-        for P in subgroup_sizes(W, args.shared_gpu):
-            members = list(range(W - P, W))
-            pg = dist.new_group(members, timeout=timeout)
-            if rank in members:
-                group, device = make(pg, args.shared_gpu)
-                with report.check(f"grads_P{P}") as entry:
-                    entry["detail"] = f"{check_grads(group, P, device)} cases"
-                for name, fn in (("residual", check_residual), ("borrowed", check_borrowed),
-                                 ("auto_tag", check_auto_tag)):
-                    with report.check(f"{name}_P{P}"):
-                        fn(group, P, device)
-                group.destroy()
-                if rank == W - 1:
-                    print(f"P {P} ok", flush=True)
-            dist.barrier()
-    except Exception:  # noqa: BLE001 - report everything, then fail this rank
-        traceback.print_exc()
-        sys.stdout.flush()
-        return 1
-    report.finish()
-    dist.destroy_process_group()
-    return 0
+
+    def body(report, pg, P, _device):
+        group, device = make(pg, args.shared_gpu)
+        with report.check(f"grads_P{P}") as entry:
+            entry["detail"] = f"{check_grads(group, P, device)} cases"
+        for name, fn in (("residual", check_residual), ("borrowed", check_borrowed),
+                         ("auto_tag", check_auto_tag)):
+            with report.check(f"{name}_P{P}"):
+                fn(group, P, device)
+        group.destroy()
+        if dist.get_rank() == dist.get_world_size() - 1:
+            print(f"P {P} ok", flush=True)
+
+    return run_on_subgroups(args.shared_gpu, body)
 
 
 def check_names(world: int, shared_gpu: bool = False) -> list[str]:

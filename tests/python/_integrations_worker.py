@@ -14,9 +14,7 @@ input's gradient must match it bit for bit:
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -28,7 +26,7 @@ from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report, subgroup_sizes  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 
 
 # -- the reference: upstream semantics, written from their documentation ----------------------
@@ -152,30 +150,14 @@ def main() -> int:
     parser.add_argument("--shared-gpu", action="store_true",
                         help="every rank on cuda:0 (make_group picks the fast group)")
     args = parser.parse_args()
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group("gloo", timeout=timeout)
-    device = torch.device("cuda", 0) if args.shared_gpu else torch.device("cpu")
-    if args.shared_gpu:
-        torch.cuda.set_device(0)
-    rank, W = dist.get_rank(), dist.get_world_size()
-    report = Report(rank)
-    try:
-        for P in subgroup_sizes(W, args.shared_gpu):
-            members = list(range(W - P, W))
-            pg = dist.new_group(members, timeout=timeout)
-            if rank in members:
-                for name, fn in CHECKS:
-                    with report.check(f"{name}_P{P}"):
-                        fn(pg, P, device)
-                group_for(pg).destroy()  # the registry's group for pg (collective)
-            dist.barrier()
-    except Exception:  # noqa: BLE001 - report everything, then fail this rank
-        traceback.print_exc()
-        sys.stdout.flush()
-        return 1
-    report.finish()
-    dist.destroy_process_group()
-    return 0
+
+    def body(report, pg, P, device):
+        for name, fn in CHECKS:
+            with report.check(f"{name}_P{P}"):
+                fn(pg, P, device)
+        group_for(pg).destroy()  # the registry's group for pg (collective)
+
+    return run_on_subgroups(args.shared_gpu, body)
 
 
 def check_names(world: int, shared_gpu: bool = False) -> list[str]:

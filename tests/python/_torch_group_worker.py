@@ -10,10 +10,8 @@ failure prints its traceback and exits 1.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -26,7 +24,7 @@ from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import run_on_subgroups  # noqa: E402
 
 # (dtype, b, d) triples: every dtype and both batch sizes, without their full product (2 cores),
 # and fp32 with d = 1 (4-byte rows: the softmax LSE that hybrid Ulysses + Ring exchanges).
@@ -147,32 +145,19 @@ def check_make_group(pg) -> None:
 
 
 def main() -> int:
-    timeout = datetime.timedelta(seconds=60)
-    dist.init_process_group("gloo", timeout=timeout)  # torchrun's environment
-    rank, W = dist.get_rank(), dist.get_world_size()
-    report = Report(rank)
-    try:
-        for P in range(1, W + 1):
-            members = list(range(W - P, W))
-            pg = dist.new_group(members, timeout=timeout)  # collective: every rank calls it
-            if rank in members:
-                with report.check(f"subgroup_P{P}") as entry:
-                    check_make_group(pg)
-                    group = TorchUlyssesGroup(pg)
-                    assert group.rank == rank - (W - P) and group.world_size == P
-                    n = check_cases(group, P)
-                    check_errors(group, P)
-                    check_reserve_and_destroy(group, P)
-                    entry["detail"] = f"{n} cases"
-                print(f"P {P} ok ({n} cases)", flush=True)
-            dist.barrier()
-    except Exception:  # noqa: BLE001 - report everything, then fail this rank
-        traceback.print_exc()
-        sys.stdout.flush()
-        return 1
-    report.finish()
-    dist.destroy_process_group()
-    return 0
+    def body(report, pg, P, _device):
+        rank, W = dist.get_rank(), dist.get_world_size()
+        with report.check(f"subgroup_P{P}") as entry:
+            check_make_group(pg)
+            group = TorchUlyssesGroup(pg)
+            assert group.rank == rank - (W - P) and group.world_size == P
+            n = check_cases(group, P)
+            check_errors(group, P)
+            check_reserve_and_destroy(group, P)
+            entry["detail"] = f"{n} cases"
+        print(f"P {P} ok ({n} cases)", flush=True)
+
+    return run_on_subgroups(False, body, timeout_s=60)
 
 
 if __name__ == "__main__":
