@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 
 import torch
@@ -88,8 +89,12 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
     dist.barrier()
     group.destroy()
     dist.destroy_process_group()
-    if worst.item() > tolerance:
-        raise SystemExit(1)
+    # Leave without interpreter finalization: gloo work that outlives the process group can
+    # abort a spawned process at exit ("terminate called without an active exception", seen in
+    # CI after every check had passed).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if worst.item() <= tolerance else 1)
 
 
 def main() -> int:
