@@ -105,8 +105,9 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
         del os.environ["FAST_ULYSSES_DEBUG"]
     x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
     group.all_to_all_single_4d(x, 0, "agreed")
+    # float64 (8-byte elements) is refused by the input rule; any row width is valid.
     attempts = [("invalid on rank 0 only",
-                 lambda: group.all_to_all_single_4d(x[..., :4].contiguous() if rank == 0 else x,
+                 lambda: group.all_to_all_single_4d(x.double() if rank == 0 else x,
                                                     0, "bad"), "which is invalid")]
     attempts.append(("on the CPU on rank 0 only", lambda: group.all_to_all_single_4d(
         x.cpu() if rank == 0 else x, 0, "bad"), "x is on cpu but the group is on cuda"))

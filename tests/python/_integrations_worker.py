@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dnn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
@@ -104,7 +105,10 @@ def check_deepspeed(pg, P, device):
         order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
         # contiguous: SDPA picks its kernel by memory layout, so the same values in another
         # layout could take another kernel on a GPU and differ in the last bits
-        o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
+        # The math backend: deterministic in backward too (the fused kernels' backward may
+        # accumulate in a different order from one run to the next).
+        with sdpa_kernel(SDPBackend.MATH):
+            o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
         return o.permute([order.index(i) for i in range(4)])
 
     for batch_dim_idx, layout in ((0, "bshd"), (1, "sbhd")):
@@ -115,9 +119,13 @@ def check_deepspeed(pg, P, device):
             return module(q, k, v, batch_dim_idx, None, layout)
 
         def ref(x):
+            # The all-to-alls on CPU (gloo), the attention on `device` as in `ours`: SDPA on CPU
+            # and on a GPU round differently, so only the same kernel on the same inputs is
+            # bit-exact.
             to_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(0, 1))
-            q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)) for t in (x, x * 2, x + 1))
-            o = local_attention(q, k, v, layout)
+            q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)).to(device)
+                       for t in (x, x * 2, x + 1))
+            o = local_attention(q, k, v, layout).cpu()
             return to_bshd(ref_4d(to_bshd(o).contiguous(), 1, 2, pg))
 
         shape = (2, 3, 2 * P, 8) if layout == "bshd" else (3, 2, 2 * P, 8)
