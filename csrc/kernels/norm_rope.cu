@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdint>
+
 namespace fast_ulysses::kernels {
 namespace {
 
@@ -82,6 +85,185 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
   }
 }
 
+
+// The vector path: the same math on 16-byte groups. A unit is two groups of V = 16 / sizeof(T)
+// elements that hold V whole RoPE pairs: for "interleaved" the adjacent groups at 2uV and
+// 2uV + V, for "half" the groups at uV and d/2 + uV; either way the pairs' angles are
+// cos/sin[uV .. uV + V). One block per token; each thread keeps kUnits units in registers from
+// the sum of squares to the store, so x is read once. The sums are deterministic: per unit,
+// then per head in unit order, then per token in head order (the same in every thread).
+template <typename T>
+struct Group {
+  static constexpr int kV = 16 / sizeof(T);
+};
+
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& v, float* f) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < Group<T>::kV; ++i) f[i] = load(e + i);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float* f) {
+  uint4 v;
+  T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int i = 0; i < Group<T>::kV; ++i) store(e + i, f[i]);
+  return v;
+}
+
+__device__ __forceinline__ void load_floats(const float* p, float* f, int n) {
+  for (int i = 0; i < n; i += 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
+    f[i] = v.x;
+    f[i + 1] = v.y;
+    f[i + 2] = v.z;
+    f[i + 3] = v.w;
+  }
+}
+
+template <typename T, int kUnits>
+__global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRopeArgs a) {
+  constexpr int V = Group<T>::kV;
+  extern __shared__ float sums[];  // [units]: per unit, then [N]: per head
+  const int64_t token = blockIdx.x;
+  const int64_t b = token / a.s_local;
+  const int64_t s = token % a.s_local;
+  const int d = static_cast<int>(a.head_dim);
+  const int N = static_cast<int>(a.heads);
+  const int per_head_units = d / (2 * V);
+  const int units = N * per_head_units;
+  const int64_t row = a.sbhd ? s * a.batch + b : b * a.s_local + s;
+  const T* in = static_cast<const T*>(a.x) + row * N * d;
+  float* unit_sum = sums;
+  float* head_sum = sums + units;
+
+  uint4 ga[kUnits], gb[kUnits];
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q >= units) continue;
+    const int h = q / per_head_units;
+    const int u = q % per_head_units;
+    const int off_a = a.half_style ? u * V : 2 * u * V;
+    const int off_b = a.half_style ? d / 2 + u * V : 2 * u * V + V;
+    ga[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_a));
+    gb[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_b));
+    float fa[V], fb[V];
+    unpack<T>(ga[k], fa);
+    unpack<T>(gb[k], fb);
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc += fa[i] * fa[i] + fb[i] * fb[i];
+    unit_sum[q] = acc;
+  }
+  __syncthreads();
+  for (int h = threadIdx.x; h < N; h += blockDim.x) {
+    float acc = 0.f;
+    for (int u = 0; u < per_head_units; ++u) acc += unit_sum[h * per_head_units + u];
+    head_sum[h] = acc;
+  }
+  __syncthreads();
+  float token_rstd = 0.f;
+  if (!a.per_head) {
+    float total = 0.f;
+    for (int h = 0; h < N; ++h) total += head_sum[h];
+    token_rstd = rsqrtf(total / static_cast<float>(N * d) + a.eps);
+  }
+  const int half = d / 2;
+  const float* cos_row = a.cos + s * half;
+  const float* sin_row = a.sin + s * half;
+  const int64_t seq = a.seq_offset + s;
+  const int64_t out_row = a.sbhd ? seq * a.batch + b : b * a.seq_total + seq;
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int q = threadIdx.x + k * blockDim.x;
+    if (q >= units) continue;
+    const int h = q / per_head_units;
+    const int u = q % per_head_units;
+    const int off_a = a.half_style ? u * V : 2 * u * V;
+    const int off_b = a.half_style ? d / 2 + u * V : 2 * u * V + V;
+    const float rstd = a.per_head ? rsqrtf(head_sum[h] / static_cast<float>(d) + a.eps)
+                                  : token_rstd;
+    const float* w = a.per_head ? a.weight : a.weight + h * d;
+    float fa[V], fb[V], wa[V], wb[V], c[V], t[V];
+    unpack<T>(ga[k], fa);
+    unpack<T>(gb[k], fb);
+    load_floats(w + off_a, wa, V);
+    load_floats(w + off_b, wb, V);
+    load_floats(cos_row + u * V, c, V);
+    load_floats(sin_row + u * V, t, V);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      fa[i] = fa[i] * rstd * wa[i];
+      fb[i] = fb[i] * rstd * wb[i];
+    }
+    float oa[V], ob[V];
+    if (a.half_style) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        oa[i] = fa[i] * c[i] - fb[i] * t[i];
+        ob[i] = fa[i] * t[i] + fb[i] * c[i];
+      }
+    } else {  // pairs (fa[0], fa[1]) .. (fb[V-2], fb[V-1]): pair p uses angle p
+#pragma unroll
+      for (int p = 0; p < V / 2; ++p) {
+        oa[2 * p] = fa[2 * p] * c[p] - fa[2 * p + 1] * t[p];
+        oa[2 * p + 1] = fa[2 * p] * t[p] + fa[2 * p + 1] * c[p];
+        ob[2 * p] = fb[2 * p] * c[V / 2 + p] - fb[2 * p + 1] * t[V / 2 + p];
+        ob[2 * p + 1] = fb[2 * p] * t[V / 2 + p] + fb[2 * p + 1] * c[V / 2 + p];
+      }
+    }
+    int j = 0;
+    while (j + 1 < a.peers && h >= a.head_start[j + 1]) ++j;
+    const int64_t owned = a.head_start[j + 1] - a.head_start[j];
+    const int64_t kh = h - a.head_start[j];
+    T* out = reinterpret_cast<T*>(a.dst[j]) + (out_row * owned + kh) * d;
+    *reinterpret_cast<uint4*>(out + off_a) = pack<T>(oa);
+    *reinterpret_cast<uint4*>(out + off_b) = pack<T>(ob);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The vector path's preconditions: whole units per head, 16-byte aligned rows everywhere, and
+// at most 1024 threads of 4 units per token (256 threads per unit a thread holds). Otherwise the scalar kernel runs.
+int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
+  const int64_t V = 16 / element_bytes;
+  if (a.head_dim % (2 * V) != 0) return 0;
+  if (!aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.cos) || !aligned16(a.sin))
+    return 0;
+  for (int j = 0; j < a.peers; ++j)
+    if (!aligned16(a.dst[j])) return 0;
+  const int64_t units = a.heads * (a.head_dim / (2 * V));
+  if (units <= 256) return 1;
+  if (units <= 1024) return 2;
+  if (units <= 4096) return 4;
+  return 0;
+}
+
+template <typename T>
+void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t stream) {
+  constexpr int V = Group<T>::kV;
+  const int64_t tokens = a.batch * a.s_local;
+  const int64_t units = a.heads * (a.head_dim / (2 * V));
+  const int64_t per_block = (units + units_per_thread - 1) / units_per_thread;
+  const int threads = static_cast<int>(std::max<int64_t>(32, (per_block + 31) / 32 * 32));
+  const size_t shared = static_cast<size_t>(units + a.heads) * sizeof(float);
+  switch (units_per_thread) {
+    case 1:
+      norm_rope_vector_kernel<T, 1><<<tokens, threads, shared, stream>>>(a);
+      break;
+    case 2:
+      norm_rope_vector_kernel<T, 2><<<tokens, threads, shared, stream>>>(a);
+      break;
+    default:
+      norm_rope_vector_kernel<T, 4><<<tokens, threads, shared, stream>>>(a);
+      break;
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_norm_rope(const NormRopeArgs& args, cudaStream_t stream) {
@@ -90,13 +272,25 @@ cudaError_t launch_norm_rope(const NormRopeArgs& args, cudaStream_t stream) {
   const size_t shared = static_cast<size_t>(args.heads) * sizeof(float);
   switch (args.type) {
     case ElementType::kBFloat16:
-      norm_rope_kernel<__nv_bfloat16><<<tokens, kThreads, shared, stream>>>(args);
+      if (const int k = vector_units_per_thread(args, 2)) {
+        launch_vector<__nv_bfloat16>(args, k, stream);
+      } else {
+        norm_rope_kernel<__nv_bfloat16><<<tokens, kThreads, shared, stream>>>(args);
+      }
       break;
     case ElementType::kFloat16:
-      norm_rope_kernel<__half><<<tokens, kThreads, shared, stream>>>(args);
+      if (const int k = vector_units_per_thread(args, 2)) {
+        launch_vector<__half>(args, k, stream);
+      } else {
+        norm_rope_kernel<__half><<<tokens, kThreads, shared, stream>>>(args);
+      }
       break;
     case ElementType::kFloat32:
-      norm_rope_kernel<float><<<tokens, kThreads, shared, stream>>>(args);
+      if (const int k = vector_units_per_thread(args, 4)) {
+        launch_vector<float>(args, k, stream);
+      } else {
+        norm_rope_kernel<float><<<tokens, kThreads, shared, stream>>>(args);
+      }
       break;
   }
   return cudaGetLastError();

@@ -1,6 +1,7 @@
 #include "ops/plan_ops.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -74,6 +75,14 @@ int64_t checked_element_size(const at::Tensor& x) {
 }
 
 int64_t check_input_op(const at::Tensor& x) { return checked_element_size(x); }
+
+void check_borrowed_grad(const at::Tensor& x, const std::string& entry) {
+  TORCH_CHECK_VALUE(!(x.requires_grad() && c10::GradMode::is_enabled()), entry,
+                    ": x requires grad, but a borrowed result is the tag's receive window, "
+                    "overwritten by the next call on the tag while autograd may still need it; "
+                    "call all_to_all_single_4d (an owned result) when gradients are needed, or "
+                    "run under torch.no_grad()");
+}
 
 std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
     int64_t world_size, int64_t rank, int64_t mode, int64_t batch, int64_t head_dim,

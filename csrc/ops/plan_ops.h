@@ -53,6 +53,12 @@ int64_t checked_element_size(const at::Tensor& x);
 // The op `check_input`: the same check, the one both groups (and reserve) call.
 int64_t check_input_op(const at::Tensor& x);
 
+// The borrowed entry points' autograd rule: an input that requires grad, with grad mode on, is
+// refused (ValueError naming `entry` and the owned call to use), because a borrowed result is
+// the tag's receive window, overwritten by the next call on the tag while autograd may still
+// need it. The op `check_borrowed_grad`, and the borrowed op's Autograd kernel, ask it.
+void check_borrowed_grad(const at::Tensor& x, const std::string& entry);
+
 // The op `shapes`: rank `rank`'s input and output shapes (layout order) for explicit splits,
 // from the plan (make_plan's input_shape / output_shape), ValueError with the plan's message.
 std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(

@@ -2,6 +2,8 @@
 // This library (fast_ulysses._C) also implements what needs no GPU: the plan, the host executor
 // and the Meta kernels that let torch.compile trace the collectives. The CUDA kernels and the
 // group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "ops/norm_rope_ops.h"
@@ -20,6 +22,9 @@ TORCH_LIBRARY(fast_ulysses, m) {
   // The input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte non-bool, non-complex dtype),
   // for every group: returns the element size or raises ValueError. Any device (Meta included).
   m.def("check_input(Tensor x) -> int");
+  // The borrowed entry points' autograd rule: raises ValueError naming `entry` when x requires
+  // grad with grad mode on (a borrowed result is overwritten by the tag's next call).
+  m.def("check_borrowed_grad(Tensor x, str entry) -> ()");
   // Rank `rank`'s input and output shapes for explicit splits: what every caller that builds a
   // rank's input (tests, benchmarks, presets) asks instead of recomputing it.
   m.def(
@@ -79,9 +84,32 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("descriptor_fields", &fast_ulysses::ops::descriptor_fields);
   m.impl("check_norm_rope", &fast_ulysses::ops::check_norm_rope_op);
   m.impl("check_input", &fast_ulysses::ops::check_input_op);
+  m.impl("check_borrowed_grad", &fast_ulysses::ops::check_borrowed_grad);
   m.impl("limits", &fast_ulysses::ops::limits_op);
   m.impl("layouts", &fast_ulysses::ops::layouts_op);
   m.impl("shapes", &fast_ulysses::ops::shapes_op);
+}
+
+namespace {
+
+// The borrowed op's Autograd kernel: applies the borrowed autograd rule to x before anything is
+// sent, then runs the op below autograd (its result records no backward). In C++ so that a
+// direct call of the op costs no Python (the group's methods skip autograd altogether).
+void borrowed_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                       torch::jit::Stack* stack) {
+  const size_t arguments = op.schema().arguments().size();
+  const c10::IValue& x = (*stack)[stack->size() - arguments];
+  if (x.isTensor())
+    fast_ulysses::ops::check_borrowed_grad(x.toTensor(), "all_to_all_single_4d_borrowed");
+  at::AutoDispatchBelowAutograd guard;
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fast_ulysses, Autograd, m) {
+  m.impl("all_to_all_single_4d_borrowed",
+         torch::CppFunction::makeFromBoxedFunction<&borrowed_autograd>());
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {

@@ -7,10 +7,10 @@ may still be in use). Gradients are therefore bit-exact.
 
 - The fast group: `torch.library.register_autograd` on the C++-defined op
   `fast_ulysses::all_to_all_single_4d` (registered when `fast_ulysses` is imported), so eager
-  autograd and torch.compile see the same backward. `..._borrowed` gets an Autograd kernel
-  that applies the borrowed rule below and records no backward. Both kernels are Python, so
-  UlyssesGroup's eager calls that need no grad dispatch below autograd and skip them (about
-  20 us of host time per call, measured on meta tensors).
+  autograd and torch.compile see the same backward. That kernel is Python, so UlyssesGroup's
+  eager calls that need no grad dispatch below autograd and skip it (about 20 us of host time
+  per call, measured on meta tensors). `..._borrowed` has a C++ Autograd kernel that applies
+  the borrowed rule below and records no backward.
 - TorchUlyssesGroup: a `torch.autograd.Function` around its exchange (`TorchAllToAll`).
 
 Borrowed results and autograd: a borrowed result is the receive window, overwritten by the next
@@ -72,16 +72,14 @@ def resolve_tag(tag, x, mode, layout) -> str:
 
 
 def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None:
-    """The borrowed entry points refuse an input that requires grad (with grad mode on).
+    """The borrowed entry points refuse an input that requires grad (with grad mode on): the
+    C++ rule (op `check_borrowed_grad`, which the borrowed op's own Autograd kernel applies too).
 
     Raises:
-        ValueError naming the rule and the owned call to use instead.
+        ValueError naming `entry`, the rule and the owned call to use instead.
     """
-    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{entry}: x requires grad, but a borrowed result is the tag's receive "
-                         "window, overwritten by the next call on the tag while autograd may "
-                         "still need it; call all_to_all_single_4d (an owned result) when "
-                         "gradients are needed, or run under torch.no_grad()")
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        torch.ops.fast_ulysses.check_borrowed_grad(x, entry)
 
 
 def check_borrowed_tag(tag) -> None:
@@ -97,7 +95,6 @@ def check_borrowed_tag(tag) -> None:
 
 _OWNED = "fast_ulysses::all_to_all_single_4d"
 _registered = False
-_library = None  # keeps the borrowed op's Autograd kernel registered
 
 
 def _setup_owned(ctx, inputs, output):
@@ -114,25 +111,13 @@ def _backward_owned(ctx, grad):
     return grad_x, None, None, None, None, None, None, None
 
 
-def _borrowed_autograd(keyset, *args, **kwargs):
-    """The borrowed op's Autograd kernel: refuses an input that requires grad before anything
-    is sent, otherwise runs the op below autograd (its result records no backward)."""
-    if args:
-        check_borrowed_grad(args[0])
-    with torch._C._AutoDispatchBelowAutograd():
-        op = torch.ops.fast_ulysses.all_to_all_single_4d_borrowed.default
-        return op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
-
-
 def register_op_autograd() -> None:
-    """Registers the backward of the two collective ops (once; `fast_ulysses` calls it)."""
-    global _registered, _library
+    """Registers the owned op's backward (once; `fast_ulysses` calls it). The borrowed op's
+    Autograd kernel is C++ (it records no backward)."""
+    global _registered
     if _registered:
         return
     torch.library.register_autograd(_OWNED, _backward_owned, setup_context=_setup_owned)
-    _library = torch.library.Library("fast_ulysses", "IMPL")
-    _library.impl("all_to_all_single_4d_borrowed", _borrowed_autograd, "Autograd",
-                  with_keyset=True)
     _registered = True
 
 

@@ -12,6 +12,9 @@ Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N pass
   captured     an owned fused call captured in a CUDA graph, replayed with fresh inputs
   compiled     torch.compile(fullgraph=True) of a fused call (traced through its Meta kernel)
   eager_reuse  100 calls back to back on one tag, each checked
+  kernel_paths both kernels: the 16-byte vector path (1, 2 and 4 units per thread; bf16, fp16,
+               fp32) and the scalar path it leaves to (a head_dim that is not a whole number of
+               16-byte pairs of groups, an input not 16-byte aligned)
   refusals     bad arguments raise the C++ rule's ValueError before anything is sent; an input
                that requires grad is refused
 """
@@ -35,7 +38,7 @@ from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference, \
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multirank import Report  # noqa: E402
 
-CHECKS = ("matrix", "qk_pair", "captured", "compiled", "eager_reuse", "refusals")
+CHECKS = ("matrix", "qk_pair", "captured", "compiled", "eager_reuse", "kernel_paths", "refusals")
 D = 64
 EPS = 1e-6
 
@@ -49,17 +52,23 @@ def splits(P: int):
     return seq, heads
 
 
-def make_args(P, rank, dtype, layout, norm, seed, device, batch=2):
-    """Every rank's x (so every rank can compute the reference) and the shared weight, cos, sin."""
+def make_args(P, rank, dtype, layout, norm, seed, device, batch=2, d=D, total_heads=None):
+    """Every rank's x (so every rank can compute the reference) and the shared weight, cos, sin;
+    head_dim d, and splits(P)'s head counts, or total_heads heads in their proportions (the
+    remainder on rank 0)."""
     seq, heads = splits(P)
+    if total_heads is not None:
+        weights = heads
+        heads = [total_heads * w // sum(weights) for w in weights]
+        heads[0] += total_heads - sum(heads)
     N = sum(heads)
     g = torch.Generator().manual_seed(seed)
     xs = []
     for r in range(P):
-        shape = (batch, seq[r], N, D) if layout == "bshd" else (seq[r], batch, N, D)
+        shape = (batch, seq[r], N, d) if layout == "bshd" else (seq[r], batch, N, d)
         xs.append((torch.randn(shape, generator=g) * 3).to(dtype))
-    weight = torch.rand(N * D if norm == "all_heads" else D, generator=g) + 0.5
-    angles = [torch.rand(seq[r], D // 2, generator=g) * 6.28 for r in range(P)]
+    weight = torch.rand(N * d if norm == "all_heads" else d, generator=g) + 0.5
+    angles = [torch.rand(seq[r], d // 2, generator=g) * 6.28 for r in range(P)]
     return xs, weight, angles, seq, heads
 
 
@@ -205,6 +214,36 @@ class Checker:
             assert miss is None, (f"rank {self.rank}: call {i} (borrowed={bool(i % 2)}) "
                                   f"differs: {miss}")
         return "eager_reuse: 100 calls on one tag back to back (owned and borrowed), each checked"
+
+    def kernel_paths(self) -> str:
+        # (label, dtype, d, heads, unaligned). A unit is two 16-byte groups: d / 16 per head
+        # for 2-byte types. Up to 256 units a token, a thread holds 1; up to 1024, 2; more, 4.
+        cases = [("vector bf16 d=64", torch.bfloat16, 64, None, False),
+                 ("vector fp16 d=128, 2 units/thread", torch.float16, 128, 40, False),
+                 ("vector bf16 d=128, 4 units/thread", torch.bfloat16, 128, 136, False),
+                 ("vector fp32 d=8", torch.float32, 8, None, False),
+                 ("scalar bf16 d=24", torch.bfloat16, 24, None, False),
+                 ("scalar fp32 d=6", torch.float32, 6, None, False),
+                 ("scalar bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True)]
+        n = 0
+        for label, dtype, d, total_heads, unaligned in cases:
+            for norm, style, borrowed in itertools.product(NORMS, ROPE_STYLES, (False, True)):
+                xs, w, angles, seq, heads = make_args(self.P, self.rank, dtype, "bshd", norm,
+                                                      seed=9000 + n, device=self.device, d=d,
+                                                      total_heads=total_heads)
+                x = xs[self.rank].to(self.device)
+                if unaligned:  # contiguous, one element into its storage
+                    flat = torch.empty(x.numel() + 1, dtype=dtype, device=self.device)
+                    x = flat[1:].view(x.shape).copy_(x)
+                    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+                got = self.call(x, w, angles[self.rank], "k", norm, style, "bshd", seq, heads,
+                                borrowed).cpu()
+                want = expected(xs, w, angles, norm, style, "bshd", seq, heads, self.rank)
+                miss = worst_miss(got, want)
+                assert miss is None, (f"rank {self.rank}: {label}, {norm} {style} "
+                                      f"borrowed={borrowed}: {miss}")
+                n += 1
+        return f"kernel_paths: {n} cases over the vector and scalar kernels within one ulp"
 
     def refusals(self) -> str:
         xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
