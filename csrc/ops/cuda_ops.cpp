@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -50,23 +51,39 @@ std::vector<int64_t> plan_key(int64_t mode, at::IntArrayRef shape, int64_t eleme
   return key;
 }
 
-at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
-               const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
-               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
-               Result result, bool barrier, std::optional<int64_t> rank) {
+// Every call's prologue, in this order: the group, the rank, the device rule (first: a tensor
+// elsewhere is refused for that, whatever its shape), the caller's own checks of x (`check`,
+// returning the element size), then the plan from the group's cache.
+struct Prepared {
+  std::shared_ptr<UlyssesGroup> group;
+  const Plan* plan;
+};
+
+Prepared prepare(const at::Tensor& x, int64_t mode, const std::string& group_name,
+                 const std::optional<at::IntArrayRef>& seq_splits,
+                 const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
+                 std::optional<int64_t> rank, const std::function<int64_t()>& check) {
   auto group = find_group(group_name);
   group->profile().start();
   check_rank(group_name, rank, group->rank());
-  group->check_device(x);  // first: a tensor elsewhere is refused for that, whatever its shape
-  const int64_t element_size = checked_element_size(x);
+  group->check_device(x);
+  const int64_t element_size = check();
   const Plan& plan = group->plan(
-      plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout),
-      [&] {
+      plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout), [&] {
         return plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
                         seq_splits, head_splits, layout);
       });
   group->profile().mark(transport::Stage::kPlan);
-  return group->all_to_all(x, plan, tag, result, barrier);
+  return {std::move(group), &plan};
+}
+
+at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
+               const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
+               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
+               Result result, bool barrier, std::optional<int64_t> rank) {
+  auto [group, plan] = prepare(x, mode, group_name, seq_splits, head_splits, layout, rank,
+                               [&] { return checked_element_size(x); });
+  return group->all_to_all(x, *plan, tag, result, barrier);
 }
 
 at::Tensor all_to_all_cuda(const at::Tensor& x, int64_t mode, std::string tag,
@@ -95,22 +112,14 @@ at::Tensor qk_norm_rope_cuda(const at::Tensor& x, std::string tag, std::string g
                              std::optional<at::IntArrayRef> seq_splits,
                              std::optional<at::IntArrayRef> head_splits, std::string layout,
                              bool borrowed, bool barrier, std::optional<int64_t> rank) {
-  auto group = find_group(group_name);
-  group->profile().start();
-  check_rank(group_name, rank, group->rank());
-  group->check_device(x);
-  transport::FusedNormRope fused{
-      check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout),
-      {norm_weight, cos, sin}};
-  const int64_t element_size = x.element_size();
-  const Plan& plan = group->plan(
-      plan_key(0, x.sizes(), element_size, seq_splits, head_splits, layout), [&] {
-        return plan_for(group->world_size(), group->rank(), 0, x.sizes(), element_size,
-                        seq_splits, head_splits, layout);
-      });
-  group->profile().mark(transport::Stage::kPlan);
-  const auto& seq = plan.request.seq_splits;
-  const auto& heads = plan.request.head_splits;
+  transport::FusedNormRope fused;
+  auto [group, plan] = prepare(x, 0, group_name, seq_splits, head_splits, layout, rank, [&] {
+    fused = {check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout),
+             {norm_weight, cos, sin}};
+    return static_cast<int64_t>(x.element_size());
+  });
+  const auto& seq = plan->request.seq_splits;
+  const auto& heads = plan->request.head_splits;
   fused.args.x = x.const_data_ptr();
   fused.args.weight = norm_weight.const_data_ptr<float>();
   fused.args.cos = cos.const_data_ptr<float>();
@@ -121,7 +130,7 @@ at::Tensor qk_norm_rope_cuda(const at::Tensor& x, std::string tag, std::string g
     if (j < group->rank()) fused.args.seq_offset += seq[j];
     fused.args.seq_total += seq[j];
   }
-  return group->all_to_all(x, plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
+  return group->all_to_all(x, *plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
                            borrowed ? barrier : true, &fused);
 }
 

@@ -10,7 +10,8 @@ may still be in use). Gradients are therefore bit-exact.
   autograd and torch.compile see the same backward. That kernel is Python, so UlyssesGroup's
   eager calls that need no grad dispatch below autograd and skip it (about 20 us of host time
   per call, measured on meta tensors). `..._borrowed` has a C++ Autograd kernel that applies
-  the borrowed rule below and records no backward.
+  the borrowed rule below and records no backward. With FAST_ULYSSES_DEBUG=1 the backward
+  checks its call's agreement across ranks through the group (`debug.debugged`).
 - TorchUlyssesGroup: a `torch.autograd.Function` around its exchange (`TorchAllToAll`).
 
 Borrowed results and autograd: a borrowed result is the receive window, overwritten by the next
@@ -28,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from .api import as_mode
+from .debug import debugged
 
 BACKWARD_SUFFIX = ":grad"
 AUTO_PREFIX = "fu.auto"
@@ -105,6 +107,12 @@ def _setup_owned(ctx, inputs, output):
 
 def _backward_owned(ctx, grad):
     mode, tag, group_name, seq_splits, head_splits, layout, rank = ctx.call
+    group = debugged(group_name)
+    # FAST_ULYSSES_DEBUG=1: the backward call is checked like any other, in eager autograd (a
+    # plain tensor); a compiled backward is traced once, with no collective in the trace.
+    if group is not None and type(grad) is torch.Tensor:
+        group._before_call("all_to_all_single_4d (backward)", grad, 1 - mode,
+                           backward_tag(tag), seq_splits, head_splits, layout)
     grad_x = torch.ops.fast_ulysses.all_to_all_single_4d(
         grad.contiguous(), 1 - mode, backward_tag(tag), group_name, seq_splits, head_splits,
         layout, rank)

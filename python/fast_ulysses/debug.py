@@ -1,8 +1,11 @@
 """FAST_ULYSSES_DEBUG=1: every rank checks every call against every other rank's, before
-anything is sent. One function, `check_agreement`, called by both groups."""
+anything is sent. One function, `check_agreement`, called by both groups; and the registry of
+debugged UlyssesGroups by process-group name (`debugged`), through which the fast group's
+backward, which calls the C++ op directly, finds its group to check too."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch.distributed as dist
@@ -15,6 +18,27 @@ from .validation import plan_call
 def debug_enabled() -> bool:
     """FAST_ULYSSES_DEBUG (0|1), read when a group is built; another value raises ValueError."""
     return switch(DEBUG_ENV, False)
+
+
+_DEBUGGED: dict = {}  # process-group name -> weakref to a live UlyssesGroup built with debug on
+
+
+def register_debugged(group) -> None:
+    """Records a UlyssesGroup built with FAST_ULYSSES_DEBUG=1 under its group_name."""
+    _DEBUGGED[group.group_name] = weakref.ref(group)
+
+
+def unregister_debugged(group) -> None:
+    """Forgets `group` (its destroy())."""
+    ref = _DEBUGGED.get(group.group_name)
+    if ref is not None and ref() is group:
+        del _DEBUGGED[group.group_name]
+
+
+def debugged(group_name: str):
+    """The live debugged UlyssesGroup of `group_name`, or None."""
+    ref = _DEBUGGED.get(group_name)
+    return ref() if ref is not None else None
 
 
 def describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra=()) -> str:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from ._ops import cuda_load_error, ops
 from .api import as_mode, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
-from .debug import check_agreement, debug_enabled
+from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
 from .policy import Decision, decide
 from .topology import shared_gpu_pair
 
@@ -78,6 +78,8 @@ class UlyssesGroup:
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
         ops.create_group(self.group_name, self.device.index, int(initial_pool_bytes))
+        if self._debug:  # the backward (autograd.py) checks its calls through this group
+            register_debugged(self)
 
     # -- the collectives -------------------------------------------------------------------
 
@@ -182,6 +184,7 @@ class UlyssesGroup:
             return
         ops.destroy_group(self.group_name)
         self._destroyed = True
+        unregister_debugged(self)
 
     def __repr__(self) -> str:
         return group_repr("UlyssesGroup", self.rank, self.world_size, False, device=self.device,

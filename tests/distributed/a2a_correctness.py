@@ -114,6 +114,19 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
     if world_size > 1:
         attempts.append(("a tag that differs", lambda: group.all_to_all_single_4d(
             x, 0, f"tag-of-rank-{rank}"), "differs across ranks"))
+    if world_size > 1:
+        # Backward calls (the C++ op, called by the autograd kernel) are checked too: rank 0
+        # runs its two backwards in the other order, so its first one is on another tag.
+        xa, xb = (x.float().clone().requires_grad_() for _ in range(2))
+        ya = group.all_to_all_single_4d(xa, 0, "grad-a")
+        yb = group.all_to_all_single_4d(xb, 0, "grad-b")
+
+        def backwards_in_rank_order():
+            for y in ((ya, yb) if rank == 0 else (yb, ya)):
+                y.sum().backward()
+
+        attempts.append(("backwards in another order on rank 0", backwards_in_rank_order,
+                         "differs across ranks"))
     for name, call, needle in attempts:
         try:
             call()
@@ -122,7 +135,8 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
         else:
             raise AssertionError(f"debug mode let '{name}' through")
     group.destroy()
-    return "FAST_ULYSSES_DEBUG=1: mismatched and one-rank-invalid calls raise on every rank"
+    return ("FAST_ULYSSES_DEBUG=1: mismatched and one-rank-invalid calls raise on every rank, "
+            "backward calls included")
 
 
 @contextlib.contextmanager

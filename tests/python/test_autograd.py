@@ -111,3 +111,33 @@ def test_double_backward_on_the_torch_group(world1):
     (g,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
     g.sum().backward()
     assert torch.equal(g, 2 * x) and torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
+def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
+    """FAST_ULYSSES_DEBUG=1 on UlyssesGroup: the backward (which calls the C++ op directly) asks
+    the debugged group registered under its process-group name to check its call first, with
+    the backward's arguments: mode 1 - m on backward_tag(tag)."""
+    from fast_ulysses import autograd, debug
+
+    seen = []
+
+    class Group:  # stands in for a UlyssesGroup built with FAST_ULYSSES_DEBUG=1
+        group_name = "debugged-test-group"
+
+        def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout):
+            seen.append((name, tuple(x.shape), mode, tag, seq_splits, head_splits, layout))
+            raise ValueError("checked")  # what a disagreement raises, before anything is sent
+
+    group = Group()
+    debug.register_debugged(group)
+    try:
+        class Ctx:
+            call = (0, "q", group.group_name, [2, 2], None, "bshd", 0)
+
+        with pytest.raises(ValueError, match="checked"):
+            autograd._backward_owned(Ctx(), torch.zeros(1, 4, 2, 8))
+        assert seen == [("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [2, 2],
+                         None, "bshd")]
+    finally:
+        debug.unregister_debugged(group)
+    assert debug.debugged(group.group_name) is None
