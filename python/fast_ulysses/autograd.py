@@ -107,6 +107,7 @@ def _setup_owned(ctx, inputs, output):
 
 def _backward_owned(ctx, grad):
     mode, tag, group_name, seq_splits, head_splits, layout, rank = ctx.call
+    grad = grad.contiguous()  # autograd may hand an expanded gradient (that of a sum)
     group = debugged(group_name)
     # FAST_ULYSSES_DEBUG=1: the backward call is checked like any other, in eager autograd (a
     # plain tensor); a compiled backward is traced once, with no collective in the trace.
@@ -114,8 +115,7 @@ def _backward_owned(ctx, grad):
         group._before_call("all_to_all_single_4d (backward)", grad, 1 - mode,
                            backward_tag(tag), seq_splits, head_splits, layout)
     grad_x = torch.ops.fast_ulysses.all_to_all_single_4d(
-        grad.contiguous(), 1 - mode, backward_tag(tag), group_name, seq_splits, head_splits,
-        layout, rank)
+        grad, 1 - mode, backward_tag(tag), group_name, seq_splits, head_splits, layout, rank)
     return grad_x, None, None, None, None, None, None, None
 
 

@@ -125,6 +125,7 @@ def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
         group_name = "debugged-test-group"
 
         def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout):
+            assert x.is_contiguous(), "the check was given the gradient before .contiguous()"
             seen.append((name, tuple(x.shape), mode, tag, seq_splits, head_splits, layout))
             raise ValueError("checked")  # what a disagreement raises, before anything is sent
 
@@ -134,8 +135,10 @@ def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
         class Ctx:
             call = (0, "q", group.group_name, [2, 2], None, "bshd", 0)
 
+        # The gradient of a sum is expanded (strides 0): the check sees what is sent, the
+        # contiguous gradient.
         with pytest.raises(ValueError, match="checked"):
-            autograd._backward_owned(Ctx(), torch.zeros(1, 4, 2, 8))
+            autograd._backward_owned(Ctx(), torch.zeros(1).expand(1, 4, 2, 8))
         assert seen == [("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [2, 2],
                          None, "bshd")]
     finally:
