@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck and racecheck on the fast path's torchrun worker
-# (tests/distributed/a2a_correctness.py) at P = 1 and 2 ranks sharing the first GPU over gloo.
-# Needs a GPU, the package installed, and compute-sanitizer (CUDA toolkit). About 3 minutes on
-# an H200 with the default iteration count.
+# compute-sanitizer memcheck and racecheck on the fast path's torchrun workers
+# (tests/distributed/a2a_correctness.py, the copy path; fused_correctness.py, the fused kernel)
+# at P = 1 and 2 ranks sharing the first GPU over gloo. Needs a GPU, the package installed, and
+# compute-sanitizer (CUDA toolkit).
 #
-#   bash scripts/sanitize_gpu.sh               # 4 runs: memcheck, racecheck x P = 1, 2
-#   ITERATIONS=50 SIZES="2" TOOLS=memcheck bash scripts/sanitize_gpu.sh
+#   bash scripts/sanitize_gpu.sh               # 8 runs: memcheck, racecheck x P = 1, 2 x workers
+#   ITERATIONS=50 SIZES="2" TOOLS=memcheck WORKERS=a2a bash scripts/sanitize_gpu.sh
 #
 # Each rank runs under its own compute-sanitizer (torchrun --no-python), logging to
-# $OUT_DIR/<tool>-p<P>/sanitizer-<pid>.log beside the worker's run.log. One summary line per run:
-# "sanitize: <tool> P=<P>: ok|FAILED (...)"; exits 1 if any run failed: a non-zero exit, a
+# $OUT_DIR/<worker>-<tool>-p<P>/sanitizer-<pid>.log beside the worker's run.log. One summary line
+# per run: "sanitize: <worker> <tool> P=<P>: ok|FAILED (...)"; exits 1 if any run failed: a
+# non-zero exit, a
 # sanitizer error in any rank, a rank log without its summary, or no 'N passed, 0 failed' line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ OUT_DIR=${OUT_DIR:-build/sanitize-gpu}
 ITERATIONS=${ITERATIONS:-20}
 SIZES=${SIZES:-"1 2"}
 TOOLS=${TOOLS:-"memcheck racecheck"}
+WORKERS=${WORKERS:-"a2a fused"}  # a2a_correctness.py (--iterations ITERATIONS), fused_correctness.py
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-240}
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -44,9 +46,15 @@ sanitizer_errors() {
 }
 
 failed=0
+for worker in $WORKERS; do
+  case $worker in
+    a2a) script=(tests/distributed/a2a_correctness.py --shared-gpu --iterations "$ITERATIONS") ;;
+    fused) script=(tests/distributed/fused_correctness.py --shared-gpu) ;;
+    *) echo "sanitize: WORKERS has '$worker': each must be a2a or fused" >&2; exit 2 ;;
+  esac
 for tool in $TOOLS; do
   for P in $SIZES; do
-    dir=$OUT_DIR/$tool-p$P
+    dir=$OUT_DIR/$worker-$tool-p$P
     rm -rf "$dir" && mkdir -p "$dir"
     extra_env=()
     # memcheck sees out-of-bounds accesses only without the caching allocator's slack.
@@ -55,8 +63,7 @@ for tool in $TOOLS; do
     env "${extra_env[@]}" timeout --kill-after=15 "$RUN_TIMEOUT_S" \
       torchrun --standalone --nproc-per-node "$P" --no-python \
       "$sanitizer" --tool "$tool" --error-exitcode 99 --log-file "$dir/sanitizer-%p.log" \
-      "$python" tests/distributed/a2a_correctness.py --shared-gpu --iterations "$ITERATIONS" \
-      >"$dir/run.log" 2>&1
+      "$python" "${script[@]}" >"$dir/run.log" 2>&1
     rc=$?
     logs=$(ls "$dir"/sanitizer-*.log 2>/dev/null | wc -l)
     errors=$(sanitizer_errors "$dir")
@@ -68,12 +75,13 @@ for tool in $TOOLS; do
       status=FAILED
       failed=1
     fi
-    echo "sanitize: $tool P=$P: $status (exit $rc, sanitizer errors: $errors in $logs of $P rank logs," \
-      "worker: '${passed:-no summary}'), $((SECONDS - start)) s, logs in $dir"
+    echo "sanitize: $worker $tool P=$P: $status (exit $rc, sanitizer errors: $errors in $logs of" \
+      "$P rank logs, worker: '${passed:-no summary}'), $((SECONDS - start)) s, logs in $dir"
     if [[ $status == FAILED ]]; then
       tail -n 30 "$dir/run.log" | sed 's/^/    /'
       grep -h -m 20 "=========" "$dir"/sanitizer-*.log 2>/dev/null | sed 's/^/    /'
     fi
   done
+done
 done
 exit $failed
