@@ -280,7 +280,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shared-gpu", action="store_true",
                         help="every rank on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    parser.add_argument("--only", default=",".join(CHECKS),
+                        help="comma-separated checks to run, in their order (default: all of "
+                             f"them: {','.join(CHECKS)})")
     args = parser.parse_args()
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in CHECKS]
+    if unknown or not chosen:
+        parser.error(f"--only {args.only}: unknown {unknown}; checks: {', '.join(CHECKS)}")
     dist.init_process_group("gloo" if args.shared_gpu else "nccl")
     rank, P = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK", rank)))
@@ -290,7 +297,7 @@ def main() -> int:
     group = fu.UlyssesGroup(dist.group.WORLD, 1 << 20)
     checker = Checker(group, rank, P, device)
     lines = []
-    for name in CHECKS:
+    for name in (c for c in CHECKS if c in chosen):
         with report.check(name) as entry:
             entry["detail"] = getattr(checker, name)()
             lines.append(entry["detail"])
