@@ -86,15 +86,12 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
 }
 
 
-// The vector path: the same math on 16-byte groups of V = 16 / sizeof(T) elements. A unit is
-// the group at uV of a head and its partner at d/2 + uV: for "half" they hold the rotate-half
-// pairs (i, i + d/2), i in [uV, uV + V); for "interleaved" each group holds V/2 whole pairs
-// (angles uV/2 + p and d/4 + uV/2 + p). So a warp's lanes read and write consecutive 16-byte
-// groups of a row. One block per token; a thread holds kUnits units in registers from the sum
-// of squares to the store, so x is read once. A head's U = d / (2V) units sit on U consecutive
-// lanes (U a power of two up to 32, checked at launch), so its sum of squares is a shuffle
-// reduction; a token's is a warp reduction, then the warps' sums in warp order. Every sum has
-// a fixed order: the result is deterministic.
+// The vector path: the same math on 16-byte groups. A unit is two groups of V = 16 / sizeof(T)
+// elements that hold V whole RoPE pairs: for "interleaved" the adjacent groups at 2uV and
+// 2uV + V, for "half" the groups at uV and d/2 + uV; either way the pairs' angles are
+// cos/sin[uV .. uV + V). One block per token; each thread keeps kUnits units in registers from
+// the sum of squares to the store, so x is read once. The sums are deterministic: per unit,
+// then per head in unit order, then per token in head order (the same in every thread).
 template <typename T>
 struct Group {
   static constexpr int kV = 16 / sizeof(T);
@@ -116,74 +113,62 @@ __device__ __forceinline__ uint4 pack(const float* f) {
   return v;
 }
 
-// n floats at p (16-byte aligned for n % 4 == 0, else 8-byte aligned, n even).
-template <int n>
-__device__ __forceinline__ void load_floats(const float* p, float* f) {
-  if constexpr (n % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < n; i += 4) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
-      f[i] = v.x;
-      f[i + 1] = v.y;
-      f[i + 2] = v.z;
-      f[i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < n; i += 2) {
-      const float2 v = __ldg(reinterpret_cast<const float2*>(p + i));
-      f[i] = v.x;
-      f[i + 1] = v.y;
-    }
+__device__ __forceinline__ void load_floats(const float* p, float* f, int n) {
+  for (int i = 0; i < n; i += 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
+    f[i] = v.x;
+    f[i + 1] = v.y;
+    f[i + 2] = v.z;
+    f[i + 3] = v.w;
   }
 }
 
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRopeArgs a) {
   constexpr int V = Group<T>::kV;
-  __shared__ float warp_sum_of[32];
+  extern __shared__ float sums[];  // [units]: per unit, then [N]: per head
   const int64_t token = blockIdx.x;
   const int64_t b = token / a.s_local;
   const int64_t s = token % a.s_local;
   const int d = static_cast<int>(a.head_dim);
   const int N = static_cast<int>(a.heads);
-  const int U = d / (2 * V);  // units per head: a power of two up to 32
-  const int units = N * U;
+  const int per_head_units = d / (2 * V);
+  const int units = N * per_head_units;
   const int64_t row = a.sbhd ? s * a.batch + b : b * a.s_local + s;
   const T* in = static_cast<const T*>(a.x) + row * N * d;
-  const int lane = threadIdx.x % 32;
+  float* unit_sum = sums;
+  float* head_sum = sums + units;
 
   uint4 ga[kUnits], gb[kUnits];
-  float head_squares[kUnits];
-  float thread_squares = 0.f;
 #pragma unroll
   for (int k = 0; k < kUnits; ++k) {
     const int q = threadIdx.x + k * blockDim.x;
+    if (q >= units) continue;
+    const int h = q / per_head_units;
+    const int u = q % per_head_units;
+    const int off_a = a.half_style ? u * V : 2 * u * V;
+    const int off_b = a.half_style ? d / 2 + u * V : 2 * u * V + V;
+    ga[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_a));
+    gb[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_b));
+    float fa[V], fb[V];
+    unpack<T>(ga[k], fa);
+    unpack<T>(gb[k], fb);
     float acc = 0.f;
-    if (q < units) {
-      const int h = q / U;
-      const int u = q % U;
-      ga[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + u * V));
-      gb[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + d / 2 + u * V));
-      float fa[V], fb[V];
-      unpack<T>(ga[k], fa);
-      unpack<T>(gb[k], fb);
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc += fa[i] * fa[i] + fb[i] * fb[i];
-    }
-    thread_squares += acc;
-    // Every lane shuffles (a lane past the last unit adds 0 to a group of its own).
-    for (int m = 1; m < U; m *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    head_squares[k] = acc;
+    for (int i = 0; i < V; ++i) acc += fa[i] * fa[i] + fb[i] * fb[i];
+    unit_sum[q] = acc;
   }
+  __syncthreads();
+  for (int h = threadIdx.x; h < N; h += blockDim.x) {
+    float acc = 0.f;
+    for (int u = 0; u < per_head_units; ++u) acc += unit_sum[h * per_head_units + u];
+    head_sum[h] = acc;
+  }
+  __syncthreads();
   float token_rstd = 0.f;
-  if (!a.per_head) {  // the same branch in the whole block
-    float acc = thread_squares;
-    for (int m = 16; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    if (lane == 0) warp_sum_of[threadIdx.x / 32] = acc;
-    __syncthreads();
+  if (!a.per_head) {
     float total = 0.f;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sum_of[w];
+    for (int h = 0; h < N; ++h) total += head_sum[h];
     token_rstd = rsqrtf(total / static_cast<float>(N * d) + a.eps);
   }
   const int half = d / 2;
@@ -195,44 +180,39 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   for (int k = 0; k < kUnits; ++k) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= units) continue;
-    const int h = q / U;
-    const int u = q % U;
-    const int off_a = u * V;
-    const int off_b = half + u * V;
-    const float rstd = a.per_head ? rsqrtf(head_squares[k] / static_cast<float>(d) + a.eps)
+    const int h = q / per_head_units;
+    const int u = q % per_head_units;
+    const int off_a = a.half_style ? u * V : 2 * u * V;
+    const int off_b = a.half_style ? d / 2 + u * V : 2 * u * V + V;
+    const float rstd = a.per_head ? rsqrtf(head_sum[h] / static_cast<float>(d) + a.eps)
                                   : token_rstd;
     const float* w = a.per_head ? a.weight : a.weight + h * d;
-    float fa[V], fb[V], wa[V], wb[V], oa[V], ob[V];
+    float fa[V], fb[V], wa[V], wb[V], c[V], t[V];
     unpack<T>(ga[k], fa);
     unpack<T>(gb[k], fb);
-    load_floats<V>(w + off_a, wa);
-    load_floats<V>(w + off_b, wb);
+    load_floats(w + off_a, wa, V);
+    load_floats(w + off_b, wb, V);
+    load_floats(cos_row + u * V, c, V);
+    load_floats(sin_row + u * V, t, V);
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       fa[i] = fa[i] * rstd * wa[i];
       fb[i] = fb[i] * rstd * wb[i];
     }
-    if (a.half_style) {  // pair i: (fa[i], fb[i]), angle uV + i
-      float c[V], t[V];
-      load_floats<V>(cos_row + off_a, c);
-      load_floats<V>(sin_row + off_a, t);
+    float oa[V], ob[V];
+    if (a.half_style) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         oa[i] = fa[i] * c[i] - fb[i] * t[i];
         ob[i] = fa[i] * t[i] + fb[i] * c[i];
       }
-    } else {  // pairs (f[2p], f[2p+1]) of each group, angles off / 2 + p
-      float ca[V / 2], ta[V / 2], cb[V / 2], tb[V / 2];
-      load_floats<V / 2>(cos_row + off_a / 2, ca);
-      load_floats<V / 2>(sin_row + off_a / 2, ta);
-      load_floats<V / 2>(cos_row + off_b / 2, cb);
-      load_floats<V / 2>(sin_row + off_b / 2, tb);
+    } else {  // pairs (fa[0], fa[1]) .. (fb[V-2], fb[V-1]): pair p uses angle p
 #pragma unroll
       for (int p = 0; p < V / 2; ++p) {
-        oa[2 * p] = fa[2 * p] * ca[p] - fa[2 * p + 1] * ta[p];
-        oa[2 * p + 1] = fa[2 * p] * ta[p] + fa[2 * p + 1] * ca[p];
-        ob[2 * p] = fb[2 * p] * cb[p] - fb[2 * p + 1] * tb[p];
-        ob[2 * p + 1] = fb[2 * p] * tb[p] + fb[2 * p + 1] * cb[p];
+        oa[2 * p] = fa[2 * p] * c[p] - fa[2 * p + 1] * t[p];
+        oa[2 * p + 1] = fa[2 * p] * t[p] + fa[2 * p + 1] * c[p];
+        ob[2 * p] = fb[2 * p] * c[V / 2 + p] - fb[2 * p + 1] * t[V / 2 + p];
+        ob[2 * p + 1] = fb[2 * p] * t[V / 2 + p] + fb[2 * p + 1] * c[V / 2 + p];
       }
     }
     int j = 0;
@@ -247,20 +227,16 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The vector path's preconditions: a head of U = d / (2V) whole units, U a power of two up to
-// 32 (a head's units on consecutive lanes of one warp), 16-byte aligned rows everywhere, and at
-// most 1024 threads of 4 units per token (256 threads per unit a thread holds). Otherwise the
-// scalar kernel runs.
+// The vector path's preconditions: whole units per head, 16-byte aligned rows everywhere, and
+// at most 1024 threads of 4 units per token (256 threads per unit a thread holds). Otherwise the scalar kernel runs.
 int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
   const int64_t V = 16 / element_bytes;
   if (a.head_dim % (2 * V) != 0) return 0;
-  const int64_t U = a.head_dim / (2 * V);
-  if (U > 32 || (U & (U - 1)) != 0) return 0;
   if (!aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.cos) || !aligned16(a.sin))
     return 0;
   for (int j = 0; j < a.peers; ++j)
     if (!aligned16(a.dst[j])) return 0;
-  const int64_t units = a.heads * U;
+  const int64_t units = a.heads * (a.head_dim / (2 * V));
   if (units <= 256) return 1;
   if (units <= 1024) return 2;
   if (units <= 4096) return 4;
@@ -274,15 +250,16 @@ void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t str
   const int64_t units = a.heads * (a.head_dim / (2 * V));
   const int64_t per_block = (units + units_per_thread - 1) / units_per_thread;
   const int threads = static_cast<int>(std::max<int64_t>(32, (per_block + 31) / 32 * 32));
+  const size_t shared = static_cast<size_t>(units + a.heads) * sizeof(float);
   switch (units_per_thread) {
     case 1:
-      norm_rope_vector_kernel<T, 1><<<tokens, threads, 0, stream>>>(a);
+      norm_rope_vector_kernel<T, 1><<<tokens, threads, shared, stream>>>(a);
       break;
     case 2:
-      norm_rope_vector_kernel<T, 2><<<tokens, threads, 0, stream>>>(a);
+      norm_rope_vector_kernel<T, 2><<<tokens, threads, shared, stream>>>(a);
       break;
     default:
-      norm_rope_vector_kernel<T, 4><<<tokens, threads, 0, stream>>>(a);
+      norm_rope_vector_kernel<T, 4><<<tokens, threads, shared, stream>>>(a);
       break;
   }
 }

@@ -13,8 +13,8 @@ Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N pass
   compiled     torch.compile(fullgraph=True) of a fused call (traced through its Meta kernel)
   eager_reuse  100 calls back to back on one tag, each checked
   kernel_paths both kernels: the 16-byte vector path (1, 2 and 4 units per thread; bf16, fp16,
-               fp32) and the scalar path it leaves to (a head_dim that is not a whole number, or
-               not a power of two, of 16-byte pairs of groups; an input not 16-byte aligned)
+               fp32) and the scalar path it leaves to (a head_dim that is not a whole number of
+               16-byte pairs of groups, an input not 16-byte aligned)
   refusals     bad arguments raise the C++ rule's ValueError before anything is sent; an input
                that requires grad is refused
 """
@@ -217,15 +217,13 @@ class Checker:
 
     def kernel_paths(self) -> str:
         # (label, dtype, d, heads, unaligned). A unit is two 16-byte groups: d / 16 per head
-        # for 2-byte types, which must be a power of two. Up to 256 units a token, a thread
-        # holds 1; up to 1024, 2; more, 4.
+        # for 2-byte types. Up to 256 units a token, a thread holds 1; up to 1024, 2; more, 4.
         cases = [("vector bf16 d=64", torch.bfloat16, 64, None, False),
                  ("vector fp16 d=128, 2 units/thread", torch.float16, 128, 40, False),
                  ("vector bf16 d=128, 4 units/thread", torch.bfloat16, 128, 136, False),
                  ("vector fp32 d=8", torch.float32, 8, None, False),
                  ("scalar bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False),
-                 ("scalar bf16 d=96 (6 units a head, not a power of two)", torch.bfloat16, 96,
-                  None, False),
+                 ("vector bf16 d=96 (6 units a head)", torch.bfloat16, 96, None, False),
                  ("scalar fp32 d=6", torch.float32, 6, None, False),
                  ("scalar bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True)]
         n = 0
