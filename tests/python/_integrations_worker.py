@@ -73,8 +73,9 @@ def same_bits(a, b) -> bool:
 
 
 def compare(label, ours, ref, x_shape, device, seed):
-    """ours(x), ref(x) on one random input: forward and x.grad bit for bit."""
-    g = torch.Generator().manual_seed(seed)
+    """ours(x), ref(x) on one random input, different on every rank (so a chunk sent to the
+    wrong rank shows): forward and x.grad bit for bit."""
+    g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
     x = torch.randn(x_shape, generator=g)
     # The reference runs on CPU (gloo), ours on `device`.
     xa, xb = x.clone().to(device).requires_grad_(), x.clone().requires_grad_()

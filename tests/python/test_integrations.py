@@ -1,6 +1,8 @@
 """fast_ulysses.integrations: one 3-rank gloo launch of _integrations_worker.py (P = 1, 2, 3)
 checks every adapter's forward and backward bit for bit against a re-implementation of the
-upstream semantics; argument errors and patch_yunchang in process."""
+upstream semantics; one of _yunchang_upstream_worker.py checks the yunchang adapter against the
+installed yunchang itself (requirements/dev.txt installs it); argument errors and patch_yunchang
+in process."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 import _integrations_worker
+import _yunchang_upstream_worker
 from multirank import launch
 
 WORLD = 3
@@ -33,6 +36,25 @@ def test_worker_check(ranks, check):
 
 def test_all_ranks_exit_cleanly(ranks):
     ranks.assert_clean_exit()
+
+
+@pytest.fixture(scope="module")
+def upstream_ranks(tmp_path_factory):
+    pytest.importorskip("yunchang", reason="yunchang is not installed (requirements/dev.txt)")
+    return launch(Path(_yunchang_upstream_worker.__file__), WORLD,
+                  tmp_path_factory.mktemp("yunchang-upstream"), timeout=300)
+
+
+@pytest.mark.parametrize("check", _yunchang_upstream_worker.check_names(WORLD))
+def test_against_installed_yunchang(upstream_ranks, check):
+    """Forward and gradients bit for bit against yunchang's own all-to-alls, and its
+    UlyssesAttention layer before and after patch_yunchang()."""
+    P = int(check.rsplit("_P", 1)[1])
+    upstream_ranks.assert_check(check, ranks=range(WORLD - P, WORLD))
+
+
+def test_against_installed_yunchang_exits_cleanly(upstream_ranks):
+    upstream_ranks.assert_clean_exit()
 
 
 X = torch.zeros(1, 2, 2, 8)
@@ -63,6 +85,9 @@ def test_negative_indices_mean_the_same_dimensions(world1):
 
 
 def test_patch_yunchang_rebinds_the_imported_names(monkeypatch):
+    # Stand-in modules only: an installed yunchang's loaded modules leave for the test's span.
+    for name in [n for n in sys.modules if n.split(".")[0] in ("yunchang", "xfuser")]:
+        monkeypatch.delitem(sys.modules, name)
     upstream = types.ModuleType("yunchang.comm.all_to_all")
     for name in ("all_to_all_4D", "SeqAllToAll4D", "SeqAllToAll5D"):
         obj = type(name, (), {"__module__": upstream.__name__})

@@ -1,0 +1,133 @@
+"""One rank of the test against the installed yunchang itself (tests/python/test_integrations.py,
+gloo CPU ranks; P = 1, 2, 3 as the last P ranks of the world). Bit for bit, forward and every
+input's gradient:
+- upstream_comm_P<p>: fast_ulysses.integrations.yunchang's all_to_all_4D (both ways, forward:
+  yunchang's has no backward), SeqAllToAll4D and SeqAllToAll5D (both ways) against
+  yunchang.comm.all_to_all's own;
+- upstream_attention_P<p>: yunchang's UlyssesAttention layer with its own all-to-alls, then the
+  same layer after patch_yunchang() (fast-ulysses' all-to-alls; the rebinding undone after).
+  The layer's attention function is SDPA on CPU (yunchang's torch backends call the CUDA-only
+  flash kernel), the same in both runs.
+Every rank's input is different, so a chunk sent to the wrong rank shows.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from fast_ulysses.attention import group_for
+from fast_ulysses.integrations import yunchang as ours
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+
+# yunchang's own callables, kept (by main, before any patch_yunchang() rebinds the module's
+# names). yunchang is imported there, so that the test can name the checks without it.
+UPSTREAM: dict = {}
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def rank_input(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed * 100 + dist.get_rank()))
+
+
+def compare(label, f_ours, f_upstream, shape, seed, grad=True):
+    """Forward, and with grad the input's gradient (yunchang's plain all_to_all_4D has none:
+    its autograd is SeqAllToAll4D's)."""
+    x = rank_input(shape, seed)
+    xa, xb = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
+    a, b = f_ours(xa), f_upstream(xb)
+    assert same_bits(a.detach(), b.detach()), f"{label}: forward differs from yunchang's"
+    if not grad:
+        return
+    w = rank_input(a.shape, seed + 1)
+    (a * w).sum().backward()
+    (b * w).sum().backward()
+    assert same_bits(xa.grad, xb.grad), f"{label}: x.grad differs from yunchang's"
+
+
+def check_comm(pg, P):
+    up = UPSTREAM
+    seq_in, head_in = (2, 3, 2 * P, 8), (2, 3 * P, 2, 8)
+    compare("all_to_all_4D(2, 1)", lambda x: ours.all_to_all_4D(x, 2, 1, pg),
+            lambda x: up["all_to_all_4D"](x, 2, 1, pg), seq_in, 1, grad=False)
+    compare("all_to_all_4D(1, 2)", lambda x: ours.all_to_all_4D(x, 1, 2, pg),
+            lambda x: up["all_to_all_4D"](x, 1, 2, pg), head_in, 2, grad=False)
+    compare("SeqAllToAll4D(2, 1)", lambda x: ours.SeqAllToAll4D.apply(pg, x, 2, 1),
+            lambda x: up["SeqAllToAll4D"].apply(pg, x, 2, 1), seq_in, 3)
+    compare("SeqAllToAll4D(1, 2)", lambda x: ours.SeqAllToAll4D.apply(pg, x, 1, 2),
+            lambda x: up["SeqAllToAll4D"].apply(pg, x, 1, 2), head_in, 6)
+    compare("SeqAllToAll5D(3, 1)", lambda x: ours.SeqAllToAll5D.apply(pg, x, 3, 1),
+            lambda x: up["SeqAllToAll5D"].apply(pg, x, 3, 1), (2, 3, 3, 2 * P, 8), 4)
+    compare("SeqAllToAll5D(1, 3)", lambda x: ours.SeqAllToAll5D.apply(pg, x, 1, 3),
+            lambda x: up["SeqAllToAll5D"].apply(pg, x, 1, 3), (2, 3 * P, 3, 2, 8), 5)
+
+
+def sdpa(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **_):
+    """The layer's attention function, (b, s, h, d) in and out."""
+    o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                       scale=softmax_scale, is_causal=causal)
+    return o.transpose(1, 2)
+
+
+def check_attention(pg, P):
+    from yunchang.kernels import AttnType
+    from yunchang.ulysses.attn_layer import UlyssesAttention
+
+    layer = UlyssesAttention(pg, attn_type=AttnType.TORCH_MATH)
+    layer.attn_fn = sdpa
+    q, k, v = (rank_input((2, 3, 2 * P, 8), seed) for seed in (10, 11, 12))
+    w = rank_input((2, 3, 2 * P, 8), 13)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = layer(*leaves, causal=True)
+        (out * w).sum().backward()
+        return [out.detach()] + [t.grad for t in leaves]
+
+    want = run()
+    patched = ours.patch_yunchang()
+    try:
+        assert "yunchang.ulysses.attn_layer.SeqAllToAll4D" in patched, patched
+        assert sys.modules["yunchang.ulysses.attn_layer"].SeqAllToAll4D is ours.SeqAllToAll4D
+        got = run()
+    finally:
+        for entry in patched:
+            module, name = entry.rsplit(".", 1)
+            setattr(sys.modules[module], name, UPSTREAM[name])
+    for label, a, b in zip(("output", "q.grad", "k.grad", "v.grad"), got, want):
+        assert same_bits(a, b), f"UlyssesAttention after patch_yunchang: {label} differs"
+
+
+CHECKS = (("upstream_comm", check_comm), ("upstream_attention", check_attention))
+
+
+def main() -> int:
+    import yunchang.comm.all_to_all as upstream
+
+    UPSTREAM.update(all_to_all_4D=upstream.all_to_all_4D, SeqAllToAll4D=upstream.SeqAllToAll4D,
+                    SeqAllToAll5D=upstream.SeqAllToAll5D)
+
+    def body(report, pg, P, device):
+        for name, fn in CHECKS:
+            with report.check(f"{name}_P{P}"):
+                fn(pg, P)
+        group_for(pg).destroy()  # the registry's group for pg (collective)
+
+    return run_on_subgroups(False, body)
+
+
+def check_names(world: int) -> list[str]:
+    return [f"{name}_P{P}" for P in subgroup_sizes(world, False) for name, _ in CHECKS]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
