@@ -6,7 +6,8 @@ permute/reshape around `torch.distributed.nn.functional.all_to_all_single` (diff
 even splits, as those APIs require. Per P (the last P ranks of the world), forward and the
 input's gradient must match it bit for bit:
 - yunchang_P<p>: all_to_all_4D both ways, SeqAllToAll4D, SeqAllToAll5D both ways;
-- deepspeed_P<p>: DistributedAttention, batch_dim_idx 0 (bshd) and 1 (sbhd);
+- deepspeed_P<p>: DistributedAttention, batch_dim_idx 0 (bshd) and 1 (sbhd), and 1 with
+  rotary_pos_emb (partial rotary, cos/sin per batch entry);
 - diffusers_P<p>: _all_to_all_dim_exchange both ways;
 - fastvideo_P<p>: all_to_all_4D both ways.
 """
@@ -132,6 +133,33 @@ def check_deepspeed(pg, P, device):
         shape = (2, 3, 2 * P, 8) if layout == "bshd" else (3, 2, 2 * P, 8)
         compare(f"DistributedAttention batch_dim_idx={batch_dim_idx}", ours, ref, shape, device,
                 10 + batch_dim_idx)
+
+    # rotary_pos_emb (sequence-first only): DeepSpeed's (cos, sin), each (b or 1, S, 1, r),
+    # rotate-half on the first r values of q and k after the all-to-all; r = 4 of d = 8 here.
+    g = torch.Generator().manual_seed(12)
+    angles = torch.rand(2, 3 * P, 1, 4, generator=g) * 6.28
+    cos, sin = angles.cos(), angles.sin()
+    module = deepspeed.DistributedAttention(local_attention, pg)
+
+    def ours_rotary(x):
+        return module(x, x * 2, x + 1, 1, (cos.to(device), sin.to(device)), "sbhd")
+
+    def ref_rotary(x):
+        def rotate(t):  # t: (S, b, h, d); the first half of r against the second
+            c, s = cos.permute(1, 0, 2, 3), sin.permute(1, 0, 2, 3)
+            half = c.shape[-1] // 2
+            x1, x2 = t[..., :half], t[..., half:2 * half]
+            return torch.cat((x1 * c[..., :half] - x2 * s[..., :half],
+                              x2 * c[..., half:] + x1 * s[..., half:], t[..., 2 * half:]), -1)
+
+        q, k, v = (ref_4d(t.transpose(0, 1), 2, 1, pg).transpose(0, 1)
+                   for t in (x, x * 2, x + 1))
+        q, k = rotate(q), rotate(k)
+        o = local_attention(*(t.to(device) for t in (q, k, v)), "sbhd").cpu()
+        return ref_4d(o.transpose(0, 1).contiguous(), 1, 2, pg).transpose(0, 1)
+
+    compare("DistributedAttention batch_dim_idx=1 with rotary_pos_emb", ours_rotary, ref_rotary,
+            (3, 2, 2 * P, 8), device, 13)
 
 
 def check_diffusers(pg, P, device):

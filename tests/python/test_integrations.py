@@ -71,8 +71,14 @@ X = torch.zeros(1, 2, 2, 8)
     (lambda g: deepspeed.DistributedAttention(None, g, 1, 0), r"scatter_idx=1, gather_idx=0"),
     (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 2),
      r"batch_dim_idx=2: it must be 0"),
-    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 0, X),
-     r"rotary_pos_emb is not supported"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 0, (X, X)),
+     r"rotary_pos_emb with batch_dim_idx=0: DeepSpeed applies it in the sequence-first"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, X),
+     r"rotary_pos_emb is a Tensor: it must be a \(cos, sin\) pair"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, (X, X)),
+     r"rotary_pos_emb's cos has shape \(1, 2, 2, 8\): it must be \(b or 1, S, 1, r\)"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(
+        X, X, X, 1, (torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3))), r"an even r <= head_dim 8"),
 ])
 def test_unsupported_arguments_raise(world1, call, message):
     with pytest.raises(ValueError, match=message):
