@@ -10,8 +10,8 @@
 # Each rank runs under its own compute-sanitizer (torchrun --no-python), logging to
 # $OUT_DIR/<worker>-<tool>-p<P>/sanitizer-<pid>.log beside the worker's run.log. One summary line
 # per run: "sanitize: <worker> <tool> P=<P>: ok|FAILED (...)"; exits 1 if any run failed: a
-# non-zero exit, a
-# sanitizer error in any rank, a rank log without its summary, or no 'N passed, 0 failed' line.
+# non-zero exit, a sanitizer error in any rank, a rank log without its summary, or no
+# 'N passed, 0 failed' line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,42 +52,42 @@ for worker in $WORKERS; do
     fused) script=(tests/distributed/fused_correctness.py --shared-gpu) ;;  # --only for memcheck
     *) echo "sanitize: WORKERS has '$worker': each must be a2a or fused" >&2; exit 2 ;;
   esac
-for tool in $TOOLS; do
-  for P in $SIZES; do
-    dir=$OUT_DIR/$worker-$tool-p$P
-    rm -rf "$dir" && mkdir -p "$dir"
-    extra_env=()
-    # memcheck sees out-of-bounds accesses only without the caching allocator's slack. Without
-    # it nothing can be allocated under CUDA-graph capture (cudaMalloc is not capturable), so
-    # the fused worker's capture check (and torch.compile's, for time) run under racecheck only.
-    only=()
-    if [[ $tool == memcheck ]]; then
-      extra_env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-      [[ $worker == fused ]] && only=(--only matrix,qk_pair,eager_reuse,kernel_paths,refusals)
-    fi
-    start=$SECONDS
-    env "${extra_env[@]}" timeout --kill-after=15 "$RUN_TIMEOUT_S" \
-      torchrun --standalone --nproc-per-node "$P" --no-python \
-      "$sanitizer" --tool "$tool" --error-exitcode 99 --log-file "$dir/sanitizer-%p.log" \
-      "$python" "${script[@]}" "${only[@]}" >"$dir/run.log" 2>&1
-    rc=$?
-    logs=$(ls "$dir"/sanitizer-*.log 2>/dev/null | wc -l)
-    errors=$(sanitizer_errors "$dir")
-    [[ $logs -eq 0 ]] && errors=missing
-    passed=$(grep -E "^[0-9]+ passed, 0 failed$" "$dir/run.log" | tail -1)
-    if [[ $rc -eq 0 && $errors == 0 && $logs -eq $P && -n $passed ]]; then
-      status=ok
-    else
-      status=FAILED
-      failed=1
-    fi
-    echo "sanitize: $worker $tool P=$P: $status (exit $rc, sanitizer errors: $errors in $logs of" \
-      "$P rank logs, worker: '${passed:-no summary}'), $((SECONDS - start)) s, logs in $dir"
-    if [[ $status == FAILED ]]; then
-      tail -n 30 "$dir/run.log" | sed 's/^/    /'
-      grep -h -m 20 "=========" "$dir"/sanitizer-*.log 2>/dev/null | sed 's/^/    /'
-    fi
+  for tool in $TOOLS; do
+    for P in $SIZES; do
+      dir=$OUT_DIR/$worker-$tool-p$P
+      rm -rf "$dir" && mkdir -p "$dir"
+      extra_env=()
+      # memcheck sees out-of-bounds accesses only without the caching allocator's slack. Without
+      # it nothing can be allocated under CUDA-graph capture (cudaMalloc is not capturable), so
+      # the fused worker's capture check (and torch.compile's, for time) run under racecheck only.
+      only=()
+      if [[ $tool == memcheck ]]; then
+        extra_env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+        [[ $worker == fused ]] && only=(--only matrix,qk_pair,eager_reuse,kernel_paths,refusals)
+      fi
+      start=$SECONDS
+      env "${extra_env[@]}" timeout --kill-after=15 "$RUN_TIMEOUT_S" \
+        torchrun --standalone --nproc-per-node "$P" --no-python \
+        "$sanitizer" --tool "$tool" --error-exitcode 99 --log-file "$dir/sanitizer-%p.log" \
+        "$python" "${script[@]}" "${only[@]}" >"$dir/run.log" 2>&1
+      rc=$?
+      logs=$(ls "$dir"/sanitizer-*.log 2>/dev/null | wc -l)
+      errors=$(sanitizer_errors "$dir")
+      [[ $logs -eq 0 ]] && errors=missing
+      passed=$(grep -E "^[0-9]+ passed, 0 failed$" "$dir/run.log" | tail -1)
+      if [[ $rc -eq 0 && $errors == 0 && $logs -eq $P && -n $passed ]]; then
+        status=ok
+      else
+        status=FAILED
+        failed=1
+      fi
+      echo "sanitize: $worker $tool P=$P: $status (exit $rc, sanitizer errors: $errors in $logs of" \
+        "$P rank logs, worker: '${passed:-no summary}'), $((SECONDS - start)) s, logs in $dir"
+      if [[ $status == FAILED ]]; then
+        tail -n 30 "$dir/run.log" | sed 's/^/    /'
+        grep -h -m 20 "=========" "$dir"/sanitizer-*.log 2>/dev/null | sed 's/^/    /'
+      fi
+    done
   done
-done
 done
 exit $failed

@@ -85,7 +85,6 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
   }
 }
 
-
 // The vector path: the same math on 16-byte groups. A unit is two groups of V = 16 / sizeof(T)
 // elements that hold V whole RoPE pairs: for "interleaved" the adjacent groups at 2uV and
 // 2uV + V, for "half" the groups at uV and d/2 + uV; either way the pairs' angles are
@@ -228,7 +227,8 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The vector path's preconditions: whole units per head, 16-byte aligned rows everywhere, and
-// at most 1024 threads of 4 units per token (256 threads per unit a thread holds). Otherwise the scalar kernel runs.
+// at most 1024 threads of 4 units per token (256 threads per unit a thread holds). Otherwise
+// the scalar kernel runs.
 int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
   const int64_t V = 16 / element_bytes;
   if (a.head_dim % (2 * V) != 0) return 0;

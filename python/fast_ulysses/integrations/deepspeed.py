@@ -86,8 +86,9 @@ def _rotary_views(rotary_pos_emb, batch_dim_idx: int, shape) -> tuple:
                              f"head_dim {d} (S: the whole sequence)")
         views.append(t.permute(1, 0, 2, 3))
     if views[0].shape != views[1].shape:
-        raise ValueError(f"rotary_pos_emb's cos and sin have shapes {tuple(rotary_pos_emb[0].shape)}"
-                         f" and {tuple(rotary_pos_emb[1].shape)}: they must be the same")
+        shapes = " and ".join(str(tuple(t.shape)) for t in rotary_pos_emb)
+        raise ValueError(f"rotary_pos_emb's cos and sin have shapes {shapes}: they must be the "
+                         "same")
     return views[0], views[1]
 
 
