@@ -1,11 +1,12 @@
 """fast_ulysses.integrations: one 3-rank gloo launch of _integrations_worker.py (P = 1, 2, 3)
 checks every adapter's forward and backward bit for bit against a re-implementation of the
-upstream semantics; one of _yunchang_upstream_worker.py checks the yunchang adapter against the
-installed yunchang itself (requirements/dev.txt installs it); argument errors and patch_yunchang
-in process."""
+upstream semantics; one of _upstream_worker.py checks the yunchang and diffusers adapters
+against the installed packages themselves (requirements/dev.txt installs them); argument errors
+and patch_yunchang in process."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 import _integrations_worker
-import _yunchang_upstream_worker
+import _upstream_worker
 from multirank import launch
 
 WORLD = 3
@@ -38,22 +39,31 @@ def test_all_ranks_exit_cleanly(ranks):
     ranks.assert_clean_exit()
 
 
+# The frameworks installed here (requirements/dev.txt installs both); a check of one that is
+# not installed is skipped, saying so.
+INSTALLED = [f for f in _upstream_worker.CHECKS if importlib.util.find_spec(f) is not None]
+
+
 @pytest.fixture(scope="module")
 def upstream_ranks(tmp_path_factory):
-    pytest.importorskip("yunchang", reason="yunchang is not installed (requirements/dev.txt)")
-    return launch(Path(_yunchang_upstream_worker.__file__), WORLD,
-                  tmp_path_factory.mktemp("yunchang-upstream"), timeout=300)
+    if not INSTALLED:
+        pytest.skip("neither yunchang nor diffusers is installed (requirements/dev.txt)")
+    return launch(Path(_upstream_worker.__file__), WORLD, tmp_path_factory.mktemp("upstream"),
+                  timeout=300, args=("--frameworks", ",".join(INSTALLED)))
 
 
-@pytest.mark.parametrize("check", _yunchang_upstream_worker.check_names(WORLD))
-def test_against_installed_yunchang(upstream_ranks, check):
-    """Forward and gradients bit for bit against yunchang's own all-to-alls, and its
-    UlyssesAttention layer before and after patch_yunchang()."""
+@pytest.mark.parametrize("framework,check", _upstream_worker.check_names(WORLD))
+def test_against_the_installed_framework(upstream_ranks, framework, check):
+    """Forward and (where upstream has one) gradients bit for bit against yunchang's and
+    diffusers' own all-to-alls, and yunchang's UlyssesAttention before and after
+    patch_yunchang()."""
+    if framework not in INSTALLED:
+        pytest.skip(f"{framework} is not installed (requirements/dev.txt)")
     P = int(check.rsplit("_P", 1)[1])
     upstream_ranks.assert_check(check, ranks=range(WORLD - P, WORLD))
 
 
-def test_against_installed_yunchang_exits_cleanly(upstream_ranks):
+def test_against_the_installed_frameworks_exits_cleanly(upstream_ranks):
     upstream_ranks.assert_clean_exit()
 
 

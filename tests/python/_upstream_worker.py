@@ -1,5 +1,6 @@
-"""One rank of the test against the installed yunchang itself (tests/python/test_integrations.py,
-gloo CPU ranks; P = 1, 2, 3 as the last P ranks of the world). Bit for bit, forward and every
+"""One rank of the test against the installed frameworks themselves (tests/python/
+test_integrations.py, gloo CPU ranks; P = 1, 2, 3 as the last P ranks of the world), those named
+by --frameworks (yunchang, diffusers). Bit for bit, forward and, where upstream has one, every
 input's gradient:
 - upstream_comm_P<p>: fast_ulysses.integrations.yunchang's all_to_all_4D (both ways, forward:
   yunchang's has no backward), SeqAllToAll4D and SeqAllToAll5D (both ways) against
@@ -7,12 +8,15 @@ input's gradient:
 - upstream_attention_P<p>: yunchang's UlyssesAttention layer with its own all-to-alls, then the
   same layer after patch_yunchang() (fast-ulysses' all-to-alls; the rebinding undone after).
   The layer's attention function is SDPA on CPU (yunchang's torch backends call the CUDA-only
-  flash kernel), the same in both runs.
+  flash kernel), the same in both runs;
+- upstream_diffusers_P<p>: fast_ulysses.integrations.diffusers._all_to_all_dim_exchange both
+  ways against diffusers' own (forward: diffusers' has no backward).
 Every rank's input is different, so a chunk sent to the wrong rank shows.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,13 +25,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fast_ulysses.attention import group_for
+from fast_ulysses.integrations import diffusers as ours_diffusers
 from fast_ulysses.integrations import yunchang as ours
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 
 # yunchang's own callables, kept (by main, before any patch_yunchang() rebinds the module's
-# names). yunchang is imported there, so that the test can name the checks without it.
+# names). The frameworks are imported there and in the checks, so that the test can name the
+# checks without them.
 UPSTREAM: dict = {}
 
 
@@ -107,26 +113,51 @@ def check_attention(pg, P):
         assert same_bits(a, b), f"UlyssesAttention after patch_yunchang: {label} differs"
 
 
-CHECKS = (("upstream_comm", check_comm), ("upstream_attention", check_attention))
+def check_diffusers(pg, P):
+    from diffusers.models.attention_dispatch import _all_to_all_dim_exchange as upstream
+
+    compare("_all_to_all_dim_exchange(2, 1)",
+            lambda x: ours_diffusers._all_to_all_dim_exchange(x, 2, 1, pg),
+            lambda x: upstream(x, 2, 1, pg), (2, 3, 2 * P, 8), 20, grad=False)
+    compare("_all_to_all_dim_exchange(1, 2)",
+            lambda x: ours_diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
+            lambda x: upstream(x, 1, 2, pg), (2, 3 * P, 2, 8), 21, grad=False)
+
+
+# framework -> its checks (name, function)
+CHECKS = {"yunchang": (("upstream_comm", check_comm), ("upstream_attention", check_attention)),
+          "diffusers": (("upstream_diffusers", check_diffusers),)}
 
 
 def main() -> int:
-    import yunchang.comm.all_to_all as upstream
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--frameworks", default=",".join(CHECKS),
+                        help=f"comma-separated, of {', '.join(CHECKS)} (default: all)")
+    frameworks = [f for f in parser.parse_args().frameworks.split(",") if f]
+    unknown = [f for f in frameworks if f not in CHECKS]
+    if unknown:
+        parser.error(f"--frameworks: unknown {unknown}; known: {', '.join(CHECKS)}")
+    if "yunchang" in frameworks:
+        import yunchang.comm.all_to_all as upstream
 
-    UPSTREAM.update(all_to_all_4D=upstream.all_to_all_4D, SeqAllToAll4D=upstream.SeqAllToAll4D,
-                    SeqAllToAll5D=upstream.SeqAllToAll5D)
+        UPSTREAM.update(all_to_all_4D=upstream.all_to_all_4D,
+                        SeqAllToAll4D=upstream.SeqAllToAll4D,
+                        SeqAllToAll5D=upstream.SeqAllToAll5D)
 
     def body(report, pg, P, device):
-        for name, fn in CHECKS:
-            with report.check(f"{name}_P{P}"):
-                fn(pg, P)
+        for framework in frameworks:
+            for name, fn in CHECKS[framework]:
+                with report.check(f"{name}_P{P}"):
+                    fn(pg, P)
         group_for(pg).destroy()  # the registry's group for pg (collective)
 
     return run_on_subgroups(False, body)
 
 
-def check_names(world: int) -> list[str]:
-    return [f"{name}_P{P}" for P in subgroup_sizes(world, False) for name, _ in CHECKS]
+def check_names(world: int) -> list[tuple[str, str]]:
+    """(framework, check name) of every check at every P."""
+    return [(framework, f"{name}_P{P}") for P in subgroup_sizes(world, False)
+            for framework, checks in CHECKS.items() for name, _ in checks]
 
 
 if __name__ == "__main__":
