@@ -1,7 +1,7 @@
 """One rank of the test against the installed frameworks themselves (tests/python/
 test_integrations.py, gloo CPU ranks; P = 1, 2, 3 as the last P ranks of the world), those named
-by --frameworks (yunchang, diffusers). Bit for bit, forward and, where upstream has one, every
-input's gradient:
+by --frameworks (yunchang, diffusers, deepspeed). Bit for bit, forward and, where upstream has
+one, every input's gradient:
 - upstream_comm_P<p>: fast_ulysses.integrations.yunchang's all_to_all_4D (both ways, forward:
   yunchang's has no backward), SeqAllToAll4D and SeqAllToAll5D (both ways) against
   yunchang.comm.all_to_all's own;
@@ -10,7 +10,10 @@ input's gradient:
   The layer's attention function is SDPA on CPU (yunchang's torch backends call the CUDA-only
   flash kernel), the same in both runs;
 - upstream_diffusers_P<p>: fast_ulysses.integrations.diffusers._all_to_all_dim_exchange both
-  ways against diffusers' own (forward: diffusers' has no backward).
+  ways against diffusers' own (forward: diffusers' has no backward);
+- upstream_deepspeed_P<p>: fast_ulysses.integrations.deepspeed.DistributedAttention against
+  deepspeed.sequence.layer.DistributedAttention with the same local attention, batch_dim_idx 0
+  and 1, and 1 with rotary_pos_emb (partial rotary, cos/sin per batch entry).
 Every rank's input is different, so a chunk sent to the wrong rank shows.
 """
 
@@ -25,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fast_ulysses.attention import group_for
+from fast_ulysses.integrations import deepspeed as ours_deepspeed
 from fast_ulysses.integrations import diffusers as ours_diffusers
 from fast_ulysses.integrations import yunchang as ours
 
@@ -124,9 +128,34 @@ def check_diffusers(pg, P):
             lambda x: upstream(x, 1, 2, pg), (2, 3 * P, 2, 8), 21, grad=False)
 
 
+def local_attention(q, k, v, layout):
+    """DistributedAttention's local attention: SDPA on (b, s, h, d) or (s, b, h, d)."""
+    order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
+    o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
+    return o.permute([order.index(i) for i in range(4)])
+
+
+def check_deepspeed(pg, P):
+    from deepspeed.sequence.layer import DistributedAttention as Upstream
+
+    angles = torch.rand(2, 3 * P, 1, 4, generator=torch.Generator().manual_seed(31)) * 6.28
+    cases = [("batch_dim_idx=0", 0, "bshd", (2, 3, 2 * P, 8), None),
+             ("batch_dim_idx=1", 1, "sbhd", (3, 2, 2 * P, 8), None),
+             ("batch_dim_idx=1 with rotary_pos_emb", 1, "sbhd", (3, 2, 2 * P, 8),
+              (angles.cos(), angles.sin()))]
+    for n, (label, batch_dim_idx, layout, shape, rotary) in enumerate(cases):
+        def run(cls):
+            module = cls(local_attention, pg)
+            return lambda x: module(x, x * 2, x + 1, batch_dim_idx, rotary, layout)
+
+        compare(f"DistributedAttention {label}", run(ours_deepspeed.DistributedAttention),
+                run(Upstream), shape, 30 + n)
+
+
 # framework -> its checks (name, function)
 CHECKS = {"yunchang": (("upstream_comm", check_comm), ("upstream_attention", check_attention)),
-          "diffusers": (("upstream_diffusers", check_diffusers),)}
+          "diffusers": (("upstream_diffusers", check_diffusers),),
+          "deepspeed": (("upstream_deepspeed", check_deepspeed),)}
 
 
 def main() -> int:
@@ -145,6 +174,10 @@ def main() -> int:
                         SeqAllToAll5D=upstream.SeqAllToAll5D)
 
     def body(report, pg, P, device):
+        if "deepspeed" in frameworks:  # its comm layer over the process group torch set up
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend="gloo")
         for framework in frameworks:
             for name, fn in CHECKS[framework]:
                 with report.check(f"{name}_P{P}"):

@@ -1,8 +1,8 @@
 """fast_ulysses.integrations: one 3-rank gloo launch of _integrations_worker.py (P = 1, 2, 3)
 checks every adapter's forward and backward bit for bit against a re-implementation of the
-upstream semantics; one of _upstream_worker.py checks the yunchang and diffusers adapters
-against the installed packages themselves (requirements/dev.txt installs them); argument errors
-and patch_yunchang in process."""
+upstream semantics; one of _upstream_worker.py checks the yunchang, diffusers and DeepSpeed
+adapters against the installed packages themselves (requirements/dev.txt installs them);
+argument errors and patch_yunchang in process."""
 
 from __future__ import annotations
 
@@ -39,15 +39,15 @@ def test_all_ranks_exit_cleanly(ranks):
     ranks.assert_clean_exit()
 
 
-# The frameworks installed here (requirements/dev.txt installs both); a check of one that is
-# not installed is skipped, saying so.
+# The frameworks installed here (requirements/dev.txt installs them); a check of one that is not
+# installed is skipped, saying so.
 INSTALLED = [f for f in _upstream_worker.CHECKS if importlib.util.find_spec(f) is not None]
 
 
 @pytest.fixture(scope="module")
 def upstream_ranks(tmp_path_factory):
     if not INSTALLED:
-        pytest.skip("neither yunchang nor diffusers is installed (requirements/dev.txt)")
+        pytest.skip("none of yunchang, diffusers, deepspeed is installed (requirements/dev.txt)")
     return launch(Path(_upstream_worker.__file__), WORLD, tmp_path_factory.mktemp("upstream"),
                   timeout=300, args=("--frameworks", ",".join(INSTALLED)))
 
@@ -55,8 +55,8 @@ def upstream_ranks(tmp_path_factory):
 @pytest.mark.parametrize("framework,check", _upstream_worker.check_names(WORLD))
 def test_against_the_installed_framework(upstream_ranks, framework, check):
     """Forward and (where upstream has one) gradients bit for bit against yunchang's and
-    diffusers' own all-to-alls, and yunchang's UlyssesAttention before and after
-    patch_yunchang()."""
+    diffusers' own all-to-alls, yunchang's UlyssesAttention before and after patch_yunchang(),
+    and DeepSpeed's DistributedAttention."""
     if framework not in INSTALLED:
         pytest.skip(f"{framework} is not installed (requirements/dev.txt)")
     P = int(check.rsplit("_P", 1)[1])
