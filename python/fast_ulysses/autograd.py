@@ -80,8 +80,13 @@ def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None
     Raises:
         ValueError naming `entry`, the rule and the owned call to use instead.
     """
-    if isinstance(x, torch.Tensor) and x.requires_grad:
-        torch.ops.fast_ulysses.check_borrowed_grad(x, entry)
+    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+        _refuse_borrowed_grad(x, entry)
+
+
+@torch.compiler.disable  # run eagerly: under torch.compile too the caller gets the ValueError
+def _refuse_borrowed_grad(x, entry: str) -> None:
+    torch.ops.fast_ulysses.check_borrowed_grad(x, entry)
 
 
 def check_borrowed_tag(tag) -> None:

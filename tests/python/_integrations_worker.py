@@ -6,8 +6,8 @@ permute/reshape around `torch.distributed.nn.functional.all_to_all_single` (diff
 even splits, as those APIs require. Per P (the last P ranks of the world), forward and the
 input's gradient must match it bit for bit:
 - yunchang_P<p>: all_to_all_4D both ways, SeqAllToAll4D, SeqAllToAll5D both ways;
-- deepspeed_P<p>: DistributedAttention, batch_dim_idx 0 (bshd) and 1 (sbhd), and 1 with
-  rotary_pos_emb (partial rotary, cos/sin per batch entry);
+- deepspeed_P<p>: DistributedAttention, batch_dim_idx 0 (bshd) and 1 (sbhd), without and with
+  rotary_pos_emb (partial rotary; cos/sin per batch entry in sbhd);
 - diffusers_P<p>: _all_to_all_dim_exchange both ways;
 - fastvideo_P<p>: all_to_all_4D both ways.
 """
@@ -134,32 +134,39 @@ def check_deepspeed(pg, P, device):
         compare(f"DistributedAttention batch_dim_idx={batch_dim_idx}", ours, ref, shape, device,
                 10 + batch_dim_idx)
 
-    # rotary_pos_emb (sequence-first only): DeepSpeed's (cos, sin), each (b or 1, S, 1, r),
-    # rotate-half on the first r values of q and k after the all-to-all; r = 4 of d = 8 here.
+    # rotary_pos_emb: DeepSpeed's (cos, sin) tables, viewed as table.permute(1, 0, 2, 3), which
+    # broadcasts to q's first r values after the all-to-all; rotate-half on those r values of q
+    # and k. r = 4 of d = 8 (partial rotary); (S, 1, 1, r) tables for bshd, (b, S, 1, r) ones
+    # (an angle per batch entry) for sbhd.
     g = torch.Generator().manual_seed(12)
-    angles = torch.rand(2, 3 * P, 1, 4, generator=g) * 6.28
-    cos, sin = angles.cos(), angles.sin()
-    module = deepspeed.DistributedAttention(local_attention, pg)
+    for batch_dim_idx, layout, table in ((0, "bshd", (3 * P, 1, 1, 4)),
+                                         (1, "sbhd", (2, 3 * P, 1, 4))):
+        angles = torch.rand(table, generator=g) * 6.28
+        cos, sin = angles.cos(), angles.sin()
+        module = deepspeed.DistributedAttention(local_attention, pg)
+        to_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(0, 1))
 
-    def ours_rotary(x):
-        return module(x, x * 2, x + 1, 1, (cos.to(device), sin.to(device)), "sbhd")
+        def ours_rotary(x):
+            return module(x, x * 2, x + 1, batch_dim_idx, (cos.to(device), sin.to(device)),
+                          layout)
 
-    def ref_rotary(x):
-        def rotate(t):  # t: (S, b, h, d); the first half of r against the second
-            c, s = cos.permute(1, 0, 2, 3), sin.permute(1, 0, 2, 3)
-            half = c.shape[-1] // 2
-            x1, x2 = t[..., :half], t[..., half:2 * half]
-            return torch.cat((x1 * c[..., :half] - x2 * s[..., :half],
-                              x2 * c[..., half:] + x1 * s[..., half:], t[..., 2 * half:]), -1)
+        def ref_rotary(x):
+            def rotate(t):  # the first half of r against the second, angles broadcast
+                c, s = cos.permute(1, 0, 2, 3), sin.permute(1, 0, 2, 3)
+                half = c.shape[-1] // 2
+                x1, x2 = t[..., :half], t[..., half:2 * half]
+                return torch.cat((x1 * c[..., :half] - x2 * s[..., :half],
+                                  x2 * c[..., half:] + x1 * s[..., half:], t[..., 2 * half:]),
+                                 -1)
 
-        q, k, v = (ref_4d(t.transpose(0, 1), 2, 1, pg).transpose(0, 1)
-                   for t in (x, x * 2, x + 1))
-        q, k = rotate(q), rotate(k)
-        o = local_attention(*(t.to(device) for t in (q, k, v)), "sbhd").cpu()
-        return ref_4d(o.transpose(0, 1).contiguous(), 1, 2, pg).transpose(0, 1)
+            q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)) for t in (x, x * 2, x + 1))
+            q, k = rotate(q), rotate(k)
+            o = local_attention(*(t.to(device) for t in (q, k, v)), layout).cpu()
+            return to_bshd(ref_4d(to_bshd(o).contiguous(), 1, 2, pg))
 
-    compare("DistributedAttention batch_dim_idx=1 with rotary_pos_emb", ours_rotary, ref_rotary,
-            (3, 2, 2 * P, 8), device, 13)
+        shape = (2, 3, 2 * P, 8) if layout == "bshd" else (3, 2, 2 * P, 8)
+        compare(f"DistributedAttention batch_dim_idx={batch_dim_idx} with rotary_pos_emb",
+                ours_rotary, ref_rotary, shape, device, 13 + batch_dim_idx)
 
 
 def check_diffusers(pg, P, device):

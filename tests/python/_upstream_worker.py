@@ -13,7 +13,8 @@ one, every input's gradient:
   ways against diffusers' own (forward: diffusers' has no backward);
 - upstream_deepspeed_P<p>: fast_ulysses.integrations.deepspeed.DistributedAttention against
   deepspeed.sequence.layer.DistributedAttention with the same local attention, batch_dim_idx 0
-  and 1, and 1 with rotary_pos_emb (partial rotary, cos/sin per batch entry).
+  and 1, without and with rotary_pos_emb (partial rotary; (S, 1, 1, r) tables for bshd,
+  (b, S, 1, r) for sbhd).
 Every rank's input is different, so a chunk sent to the wrong rank shows.
 """
 
@@ -138,11 +139,15 @@ def local_attention(q, k, v, layout):
 def check_deepspeed(pg, P):
     from deepspeed.sequence.layer import DistributedAttention as Upstream
 
-    angles = torch.rand(2, 3 * P, 1, 4, generator=torch.Generator().manual_seed(31)) * 6.28
+    g = torch.Generator().manual_seed(31)
+    seq_first = torch.rand(3 * P, 1, 1, 4, generator=g) * 6.28  # (S, 1, 1, r): for bshd
+    per_batch = torch.rand(2, 3 * P, 1, 4, generator=g) * 6.28  # (b, S, 1, r): for sbhd
     cases = [("batch_dim_idx=0", 0, "bshd", (2, 3, 2 * P, 8), None),
              ("batch_dim_idx=1", 1, "sbhd", (3, 2, 2 * P, 8), None),
+             ("batch_dim_idx=0 with rotary_pos_emb", 0, "bshd", (2, 3, 2 * P, 8),
+              (seq_first.cos(), seq_first.sin())),
              ("batch_dim_idx=1 with rotary_pos_emb", 1, "sbhd", (3, 2, 2 * P, 8),
-              (angles.cos(), angles.sin()))]
+              (per_batch.cos(), per_batch.sin()))]
     for n, (label, batch_dim_idx, layout, shape, rotary) in enumerate(cases):
         def run(cls):
             module = cls(local_attention, pg)

@@ -144,3 +144,17 @@ def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
     finally:
         debug.unregister_debugged(group)
     assert debug.debugged(group.group_name) is None
+
+
+def test_the_borrowed_refusal_is_a_value_error_under_torch_compile(world1):
+    """Under torch.compile the borrowed rule runs eagerly (torch.compiler.disable), so the caller
+    gets the ValueError itself, not dynamo's error about a failed fake-tensor call."""
+    group = fu.TorchUlyssesGroup(world1)
+    x = torch.randn(1, 4, 2, 8, requires_grad=True)
+    compiled = torch.compile(lambda t: group.all_to_all_single_4d_borrowed(t, 0, "q") * 2,
+                             backend="aot_eager")
+    try:
+        with pytest.raises(ValueError, match="all_to_all_single_4d_borrowed: x requires grad"):
+            compiled(x)
+    finally:
+        group.destroy()

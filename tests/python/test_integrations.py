@@ -81,14 +81,18 @@ X = torch.zeros(1, 2, 2, 8)
     (lambda g: deepspeed.DistributedAttention(None, g, 1, 0), r"scatter_idx=1, gather_idx=0"),
     (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 2),
      r"batch_dim_idx=2: it must be 0"),
-    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 0, (X, X)),
-     r"rotary_pos_emb with batch_dim_idx=0: DeepSpeed applies it in the sequence-first"),
     (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, X),
      r"rotary_pos_emb is a Tensor: it must be a \(cos, sin\) pair"),
+    # X as sbhd on one rank: q is (1, 2, 2, 8); X's view (2, 1, 2, 8) has 2 where q has 1.
     (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, (X, X)),
-     r"rotary_pos_emb's cos has shape \(1, 2, 2, 8\): it must be \(b or 1, S, 1, r\)"),
+     r"rotary_pos_emb's cos has shape \(1, 2, 2, 8\): DeepSpeed applies it as "
+     r"cos.permute\(1, 0, 2, 3\), which must broadcast to q's first r values after the "
+     r"all-to-all, \(1, 2, 2, 8\)"),
     (lambda g: deepspeed.DistributedAttention(None, g)(
-        X, X, X, 1, (torch.zeros(1, 1, 1, 3), torch.zeros(1, 1, 1, 3))), r"an even r <= head_dim 8"),
+        X, X, X, 0, (torch.zeros(2, 1, 1, 3), torch.zeros(2, 1, 1, 3))), r"an even r <= head_dim 8"),
+    (lambda g: deepspeed.DistributedAttention(None, g)(
+        X, X, X, 0, (torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 2))),
+     r"cos and sin have shapes \(2, 1, 1, 4\) and \(2, 1, 1, 2\)"),
 ])
 def test_unsupported_arguments_raise(world1, call, message):
     with pytest.raises(ValueError, match=message):

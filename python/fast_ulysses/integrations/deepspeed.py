@@ -38,53 +38,67 @@ class DistributedAttention(torch.nn.Module):
         """query, key, value: this rank's sequence shards, (b, s/P, h, d) for batch_dim_idx=0 or
         (s/P, b, h, d) for 1. Returns this rank's output in the same layout.
 
-        rotary_pos_emb: None, or DeepSpeed's `(cos, sin)` pair for the sequence-first layout
-        (batch_dim_idx=1), each of shape (b or 1, S, 1, r): after the all-to-all (whole sequence,
-        this rank's heads) the first r values of every q and k row are rotated by rotate-half,
-        `t * cos + rotate_half(t) * sin` with cos and sin seen as (S, b or 1, 1, r), the other
-        d - r pass unchanged; differentiable.
+        rotary_pos_emb: None, or DeepSpeed's `(cos, sin)` pair of 4-d tables. As DeepSpeed does,
+        each is viewed as `table.permute(1, 0, 2, 3)`, which must broadcast to the first r values
+        of q after the all-to-all (whole sequence S, this rank's heads): (S, b or 1, 1, r) tables
+        for batch_dim_idx=0, (b or 1, S, 1, r) for 1, with an even r <= d. Then the first r
+        values of every q and k row become `t * cos + rotate_half(t) * sin`, the other d - r
+        pass unchanged; differentiable.
 
         Raises:
             ValueError for another batch_dim_idx, or a rotary_pos_emb that is not such a pair
-            (for batch_dim_idx=0 DeepSpeed's (S, b, 1, r) view does not line up with the
-            (b, S, h, d) layout, so it is refused there).
+            (before anything is sent).
         """
         if batch_dim_idx not in _LAYOUTS:
             raise ValueError(f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 "
                              "(s, b, h, d)")
         layout = _LAYOUTS[batch_dim_idx]
         group = group_for(self.spg)
+        rotary = None
+        if rotary_pos_emb is not None:
+            rotary = _rotary_views(rotary_pos_emb, _head_shard_shape(query, batch_dim_idx,
+                                                                     group.world_size))
         q, k, v = (group.all_to_all_single_4d(t.contiguous(), 0, None, layout=layout)
                    for t in (query, key, value))
-        if rotary_pos_emb is not None:
-            cos, sin = _rotary_views(rotary_pos_emb, batch_dim_idx, q.shape)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if rotary is not None:
+            q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         context = self.local_attn(q, k, v, *args, **kwargs)
         return group.all_to_all_single_4d(context.contiguous(), 1, None, layout=layout)
 
 
-def _rotary_views(rotary_pos_emb, batch_dim_idx: int, shape) -> tuple:
-    """DeepSpeed's (cos, sin), each (b or 1, S, 1, r), as (S, b or 1, 1, r) views that line up
-    with a (S, b, h, d) tensor of `shape`; ValueError naming the rule otherwise."""
-    if batch_dim_idx != 1:
-        raise ValueError("rotary_pos_emb with batch_dim_idx=0: DeepSpeed applies it in the "
-                         "sequence-first layout only (batch_dim_idx=1); in (b, s, h, d) apply "
-                         "the rotary embedding to the shards before the call, at their global "
-                         "positions")
+def _head_shard_shape(query, batch_dim_idx: int, P: int) -> tuple:
+    """q's shape after the all-to-all: (b, S, h/P, d) or (S, b, h/P, d)."""
+    if not isinstance(query, torch.Tensor) or query.dim() != 4:
+        raise ValueError(f"query has shape {tuple(getattr(query, 'shape', ()))}: it must be 4-d")
+    if batch_dim_idx == 0:
+        b, s, h, d = query.shape
+        return b, s * P, h // P, d
+    s, b, h, d = query.shape
+    return s * P, b, h // P, d
+
+
+def _rotary_views(rotary_pos_emb, q_shape) -> tuple:
+    """DeepSpeed's (cos, sin) tables as the views it applies, `table.permute(1, 0, 2, 3)`;
+    ValueError naming the rule unless each broadcasts to q's first r values (q_shape: q after
+    the all-to-all) with an even r <= d."""
     if not (isinstance(rotary_pos_emb, (tuple, list)) and len(rotary_pos_emb) == 2
             and all(isinstance(t, torch.Tensor) for t in rotary_pos_emb)):
         raise ValueError(f"rotary_pos_emb is a {type(rotary_pos_emb).__name__}: it must be a "
                          "(cos, sin) pair of tensors")
-    S, b, _, d = shape
+    d = q_shape[-1]
     views = []
     for name, t in zip(("cos", "sin"), rotary_pos_emb):
-        r = t.shape[-1] if t.dim() == 4 else 0
-        if t.dim() != 4 or t.shape[0] not in (1, b) or t.shape[1] != S or t.shape[2] != 1 \
-                or r % 2 or not 0 < r <= d:
-            raise ValueError(f"rotary_pos_emb's {name} has shape {tuple(t.shape)}: it must be "
-                             f"(b or 1, S, 1, r) = ({b} or 1, {S}, 1, r) with an even r <= "
-                             f"head_dim {d} (S: the whole sequence)")
-        views.append(t.permute(1, 0, 2, 3))
+        view = t.permute(1, 0, 2, 3) if t.dim() == 4 else t
+        r = view.shape[-1] if t.dim() == 4 else 0
+        target = (*q_shape[:3], r)
+        if t.dim() != 4 or r % 2 or not 0 < r <= d or any(
+                n not in (1, m) for n, m in zip(view.shape[:3], target)):
+            raise ValueError(
+                f"rotary_pos_emb's {name} has shape {tuple(t.shape)}: DeepSpeed applies it as "
+                f"{name}.permute(1, 0, 2, 3), which must broadcast to q's first r values after "
+                f"the all-to-all, {target} (each of the first three dimensions 1 or equal), "
+                f"with an even r <= head_dim {d}")
+        views.append(view)
     if views[0].shape != views[1].shape:
         shapes = " and ".join(str(tuple(t.shape)) for t in rotary_pos_emb)
         raise ValueError(f"rotary_pos_emb's cos and sin have shapes {shapes}: they must be the "
