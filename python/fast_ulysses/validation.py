@@ -37,6 +37,7 @@ def check_input(x: torch.Tensor) -> int:
     return ops.check_input(x)
 
 
+@torch.compiler.disable  # host-side planning: its ops take no tensors, so it stays out of traces
 def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_splits=None,
               head_splits=None, layout: str = "bshd") -> Plan:
     """Checks one call of this rank and returns its plan (resolved splits, output shape).

@@ -180,3 +180,24 @@ def test_meta_kernel_takes_the_rank_and_refuses_another(world1, op):
     assert tuple(out.shape) == (1, 6, 4, 8)
     with pytest.raises(ValueError, match=r"rank=1 but this process is rank 0"):
         fn(x, 0, "t", world1.group_name, None, None, "bshd", rank=1)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_runs_the_fallback_like_eager(world1, backend):
+    """torch.compile of a TorchUlyssesGroup call (planning stays outside the trace: its ops take
+    no tensors) gives eager's result and gradient."""
+    group = TorchUlyssesGroup(world1)
+    x = torch.randn(1, 6, 4, 8, requires_grad=True)
+
+    def step(t):
+        return group.all_to_all_single_4d(t, 0, "compiled", layout="bshd") * 2
+
+    try:
+        got = torch.compile(step, backend=backend)(x)
+        (got * torch.arange(got.numel()).view(got.shape)).sum().backward()
+        grad, x.grad = x.grad, None
+        want = step(x)
+        (want * torch.arange(want.numel()).view(want.shape)).sum().backward()
+        assert torch.equal(got, want) and torch.equal(grad, x.grad)
+    finally:
+        group.destroy()
