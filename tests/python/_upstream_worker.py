@@ -56,13 +56,13 @@ def compare(label, f_ours, f_upstream, shape, seed, grad=True):
     x = rank_input(shape, seed)
     xa, xb = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
     a, b = f_ours(xa), f_upstream(xb)
-    assert same_bits(a.detach(), b.detach()), f"{label}: forward differs from yunchang's"
+    assert same_bits(a.detach(), b.detach()), f"{label}: forward differs from upstream's"
     if not grad:
         return
     w = rank_input(a.shape, seed + 1)
     (a * w).sum().backward()
     (b * w).sum().backward()
-    assert same_bits(xa.grad, xb.grad), f"{label}: x.grad differs from yunchang's"
+    assert same_bits(xa.grad, xb.grad), f"{label}: x.grad differs from upstream's"
 
 
 def check_comm(pg, P):
