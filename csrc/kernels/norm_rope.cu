@@ -122,6 +122,18 @@ __device__ __forceinline__ void load_floats(const float* p, float* f, int n) {
   }
 }
 
+// Unit q of a token: its head, its index u in the head, and its two groups' offsets in the
+// head's row.
+template <int V>
+struct Unit {
+  __device__ __forceinline__ Unit(int q, int per_head_units, int d, bool half_style)
+      : head(q / per_head_units),
+        index(q % per_head_units),
+        off_a(half_style ? index * V : 2 * index * V),
+        off_b(half_style ? d / 2 + index * V : 2 * index * V + V) {}
+  int head, index, off_a, off_b;
+};
+
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRopeArgs a) {
   constexpr int V = Group<T>::kV;
@@ -143,10 +155,8 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   for (int k = 0; k < kUnits; ++k) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= units) continue;
-    const int h = q / per_head_units;
-    const int u = q % per_head_units;
-    const int off_a = a.half_style ? u * V : 2 * u * V;
-    const int off_b = a.half_style ? d / 2 + u * V : 2 * u * V + V;
+    const Unit<V> unit(q, per_head_units, d, a.half_style);
+    const int h = unit.head, u = unit.index, off_a = unit.off_a, off_b = unit.off_b;
     ga[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_a));
     gb[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_b));
     float fa[V], fb[V];
@@ -179,10 +189,8 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   for (int k = 0; k < kUnits; ++k) {
     const int q = threadIdx.x + k * blockDim.x;
     if (q >= units) continue;
-    const int h = q / per_head_units;
-    const int u = q % per_head_units;
-    const int off_a = a.half_style ? u * V : 2 * u * V;
-    const int off_b = a.half_style ? d / 2 + u * V : 2 * u * V + V;
+    const Unit<V> unit(q, per_head_units, d, a.half_style);
+    const int h = unit.head, u = unit.index, off_a = unit.off_a, off_b = unit.off_b;
     const float rstd = a.per_head ? rsqrtf(head_sum[h] / static_cast<float>(d) + a.eps)
                                   : token_rstd;
     const float* w = a.per_head ? a.weight : a.weight + h * d;

@@ -6,7 +6,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -59,10 +58,11 @@ struct Prepared {
   const Plan* plan;
 };
 
+template <typename Check>  // int64_t(): a lambda, not a std::function (the per-call host path)
 Prepared prepare(const at::Tensor& x, int64_t mode, const std::string& group_name,
                  const std::optional<at::IntArrayRef>& seq_splits,
                  const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
-                 std::optional<int64_t> rank, const std::function<int64_t()>& check) {
+                 std::optional<int64_t> rank, Check&& check) {
   auto group = find_group(group_name);
   group->profile().start();
   check_rank(group_name, rank, group->rank());

@@ -73,19 +73,35 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
-def compare(label, ours, ref, x_shape, device, seed):
+def compare(label, ours, ref, x_shape, device, seed, grad=True):
     """ours(x), ref(x) on one random input, different on every rank (so a chunk sent to the
-    wrong rank shows): forward and x.grad bit for bit."""
+    wrong rank shows): forward and, with grad, x.grad bit for bit (grad=False where the
+    reference has no backward)."""
     g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
     x = torch.randn(x_shape, generator=g)
     # The reference runs on CPU (gloo), ours on `device`.
-    xa, xb = x.clone().to(device).requires_grad_(), x.clone().requires_grad_()
+    xa, xb = x.clone().to(device).requires_grad_(grad), x.clone().requires_grad_(grad)
     a, b = ours(xa), ref(xb)
     assert same_bits(a.detach().cpu(), b.detach()), f"{label}: forward differs from the reference"
+    if not grad:
+        return
     w = torch.randn(a.shape, generator=g)
     (a * w.to(device)).sum().backward()
     (b * w).sum().backward()
     assert same_bits(xa.grad.cpu(), xb.grad), f"{label}: x.grad differs from the reference"
+
+
+def local_attention(q, k, v, layout):
+    """DistributedAttention's local attention: SDPA on (b, s, h, d) or (s, b, h, d).
+
+    Contiguous inputs: SDPA picks its kernel by memory layout, so the same values in another
+    layout could take another kernel on a GPU and differ in the last bits. The math backend:
+    deterministic in backward too (the fused kernels' backward may accumulate in a different
+    order from one run to the next)."""
+    order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
+    with sdpa_kernel(SDPBackend.MATH):
+        o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
+    return o.permute([order.index(i) for i in range(4)])
 
 
 def check_yunchang(pg, P, device):
@@ -103,16 +119,6 @@ def check_yunchang(pg, P, device):
 
 
 def check_deepspeed(pg, P, device):
-    def local_attention(q, k, v, layout):
-        order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
-        # contiguous: SDPA picks its kernel by memory layout, so the same values in another
-        # layout could take another kernel on a GPU and differ in the last bits
-        # The math backend: deterministic in backward too (the fused kernels' backward may
-        # accumulate in a different order from one run to the next).
-        with sdpa_kernel(SDPBackend.MATH):
-            o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
-        return o.permute([order.index(i) for i in range(4)])
-
     for batch_dim_idx, layout in ((0, "bshd"), (1, "sbhd")):
         module = deepspeed.DistributedAttention(local_attention, pg)
 

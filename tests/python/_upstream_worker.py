@@ -34,6 +34,7 @@ from fast_ulysses.integrations import diffusers as ours_diffusers
 from fast_ulysses.integrations import yunchang as ours
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _integrations_worker as adapters  # noqa: E402  (this folder: the script's own)
 from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 
 # yunchang's own callables, kept (by main, before any patch_yunchang() rebinds the module's
@@ -42,27 +43,14 @@ from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 UPSTREAM: dict = {}
 
 
-def same_bits(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-
-
 def rank_input(shape, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed * 100 + dist.get_rank()))
 
 
 def compare(label, f_ours, f_upstream, shape, seed, grad=True):
-    """Forward, and with grad the input's gradient (yunchang's plain all_to_all_4D has none:
-    its autograd is SeqAllToAll4D's)."""
-    x = rank_input(shape, seed)
-    xa, xb = x.clone().requires_grad_(grad), x.clone().requires_grad_(grad)
-    a, b = f_ours(xa), f_upstream(xb)
-    assert same_bits(a.detach(), b.detach()), f"{label}: forward differs from upstream's"
-    if not grad:
-        return
-    w = rank_input(a.shape, seed + 1)
-    (a * w).sum().backward()
-    (b * w).sum().backward()
-    assert same_bits(xa.grad, xb.grad), f"{label}: x.grad differs from upstream's"
+    """The adapter worker's comparison on CPU ranks, upstream as the reference (grad=False where
+    upstream has no backward: yunchang's plain all_to_all_4D, diffusers' exchange)."""
+    adapters.compare(label, f_ours, f_upstream, shape, torch.device("cpu"), seed, grad)
 
 
 def check_comm(pg, P):
@@ -115,7 +103,8 @@ def check_attention(pg, P):
             module, name = entry.rsplit(".", 1)
             setattr(sys.modules[module], name, UPSTREAM[name])
     for label, a, b in zip(("output", "q.grad", "k.grad", "v.grad"), got, want):
-        assert same_bits(a, b), f"UlyssesAttention after patch_yunchang: {label} differs"
+        assert adapters.same_bits(a, b), (f"UlyssesAttention after patch_yunchang: {label} "
+                                          "differs")
 
 
 def check_diffusers(pg, P):
@@ -127,13 +116,6 @@ def check_diffusers(pg, P):
     compare("_all_to_all_dim_exchange(1, 2)",
             lambda x: ours_diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
             lambda x: upstream(x, 1, 2, pg), (2, 3 * P, 2, 8), 21, grad=False)
-
-
-def local_attention(q, k, v, layout):
-    """DistributedAttention's local attention: SDPA on (b, s, h, d) or (s, b, h, d)."""
-    order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
-    o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)))
-    return o.permute([order.index(i) for i in range(4)])
 
 
 def check_deepspeed(pg, P):
@@ -150,7 +132,7 @@ def check_deepspeed(pg, P):
               (per_batch.cos(), per_batch.sin()))]
     for n, (label, batch_dim_idx, layout, shape, rotary) in enumerate(cases):
         def run(cls):
-            module = cls(local_attention, pg)
+            module = cls(adapters.local_attention, pg)
             return lambda x: module(x, x * 2, x + 1, batch_dim_idx, rotary, layout)
 
         compare(f"DistributedAttention {label}", run(ours_deepspeed.DistributedAttention),
