@@ -9,11 +9,13 @@
 #      `fast-ulysses --version`, `plan`, `doctor`, and pytest on tests/python (plus tests/gpu
 #      with --gpu).
 #
-# usage: bash scripts/check_wheel.sh [--system-site-packages] [--gpu] [-- PYTEST_ARGS...]
+# usage: bash scripts/check_wheel.sh [--system-site-packages] [--gpu | --gpu-only] [-- PYTEST_ARGS...]
 #   --system-site-packages  the environment reuses this Python's torch and test tools and
 #                           installs offline (a machine without internet); without it, torch
 #                           comes from requirements/torch.txt and the rest from the index.
 #   --gpu                   also run tests/gpu against the installed wheel.
+#   --gpu-only              run tests/gpu and not tests/python (a GPU machine, after the CPU
+#                           suite has passed elsewhere).
 # Environment: PYTHON (default python), CHECK_WHEEL_DIR (where the sdist, wheels, environment
 # and test copies go, kept at the end; default a new temporary folder, removed after a pass and
 # kept after a failure), and whatever the build reads (CC, CXX, FAST_ULYSSES_CUDA_ARCH).
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --system-site-packages) system_site=1 ;;
     --gpu) suites+=(tests/gpu) ;;
+    --gpu-only) suites=(tests/gpu) ;;
     --) shift; break ;;
     *) echo "check_wheel.sh: unknown argument $1 (see the header for usage)" >&2; exit 2 ;;
   esac
