@@ -15,10 +15,14 @@
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
+#   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran, then
+#           fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo 720p; with .carry/old,
+#           the same bench of this tree and of the old commit, alternately (new, old, new, old),
+#           both installed outside the tree
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PHASES=${PHASES:-"before tests quick doctor bench"}
+PHASES=${PHASES:-"before tests quick doctor bench fused"}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # Build tools missing on an offline image travel as wheels in .whl (docs/DEVELOP.md).
@@ -91,6 +95,32 @@ if has bench; then
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
   done
   tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench
+fi
+fused_bench() {  # $1: label; the package on PYTHONPATH (or the editable install)
+  timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    -m fast_ulysses.cli.bench --fused --modes 0 --gemms 0 --iters 30 --warmup 5 \
+    --preset wan-720p --preset hunyuan-720p --out-dir "$OUT/fused" --label "h200-p1-fused-$1" \
+    > "$OUT/fused_$1.log" 2>&1
+  echo "bench --fused $1 rc=$?"; grep -iE "fused|wan|hunyuan" "$OUT/fused_$1.log" | grep -v -i warn | tail -12
+}
+if has fused; then
+  if ! has tests; then
+    timeout ${FUSED_TIMEOUT:-400} python3 -m pytest tests/gpu/test_fused_gpu.py -v -rs \
+      -p no:cacheprovider > "$OUT/fused_pytest.log" 2>&1
+    echo "pytest fused rc=$?"; grep -E "FAILED|ERROR" "$OUT/fused_pytest.log" | head -20
+    tail -1 "$OUT/fused_pytest.log"
+  fi
+  if [ -d .carry/old ] && build_old; then
+    # Both outside the tree: the editable install's import hook would win over PYTHONPATH.
+    python3 -m pip install -q . --no-build-isolation --no-deps --target /tmp/new \
+      > "$OUT/build_new.log" 2>&1 || tail -20 "$OUT/build_new.log"
+    python3 -m pip uninstall -y -q fast-ulysses > /dev/null 2>&1
+    for label in new1 old1 new2 old2; do
+      PYTHONPATH=/tmp/${label%?}:${PYTHONPATH:-} fused_bench "$label"
+    done
+  else
+    fused_bench new1
+  fi
 fi
 if has oldgraph && [ -d .carry/old ] && build_old; then
   # The worker is this checkout's; the package under test is the old one (the editable install's

@@ -88,9 +88,7 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
 // The vector path: the same math on 16-byte groups. A unit is two groups of V = 16 / sizeof(T)
 // elements that hold V whole RoPE pairs: for "interleaved" the adjacent groups at 2uV and
 // 2uV + V, for "half" the groups at uV and d/2 + uV; either way the pairs' angles are
-// cos/sin[uV .. uV + V). One block per token; each thread keeps kUnits units in registers from
-// the sum of squares to the store, so x is read once. The sums are deterministic: per unit,
-// then per head in unit order, then per token in head order (the same in every thread).
+// cos/sin[uV .. uV + V). A thread holds kUnits units (norm_rope_vector_kernel below).
 template <typename T>
 struct Group {
   static constexpr int kV = 16 / sizeof(T);
@@ -134,101 +132,211 @@ struct Unit {
   int head, index, off_a, off_b;
 };
 
+// The per_head sums go through warp shuffles when a head's units are an aligned power-of-two
+// group of at most 32 lanes (they always are aligned: units are numbered q = thread + k *
+// blockDim with blockDim a multiple of 32); otherwise through shared memory.
+__host__ __device__ constexpr bool shuffle_width(int per_head_units) {
+  return per_head_units > 0 && per_head_units <= 32 &&
+         (per_head_units & (per_head_units - 1)) == 0;
+}
+
+// Shared memory of the vector kernel, in floats: two buffers of 32 per-warp partials (all_heads)
+// and two of one sum per unit (per_head without shuffles). Two of each because a block runs
+// several tokens and a fast thread may write token t + 1's sums while a slow one still reads
+// token t's; one barrier per token orders the rest.
+__host__ __device__ constexpr int vector_shared_floats(int units) { return 2 * 32 + 2 * units; }
+
+template <typename T, int kUnits>
+__device__ __forceinline__ void load_token(const NormRopeArgs& a, int64_t token,
+                                           const int (&off_a)[kUnits], const int (&off_b)[kUnits],
+                                           const int (&head)[kUnits], const bool (&valid)[kUnits],
+                                           uint4 (&ga)[kUnits], uint4 (&gb)[kUnits]) {
+  const int64_t b = token / a.s_local;
+  const int64_t s = token % a.s_local;
+  const int64_t row = a.sbhd ? s * a.batch + b : b * a.s_local + s;
+  const T* in = static_cast<const T*>(a.x) + row * a.heads * a.head_dim;
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    if (!valid[k]) continue;
+    const T* h = in + static_cast<int64_t>(head[k]) * a.head_dim;
+    ga[k] = __ldcs(reinterpret_cast<const uint4*>(h + off_a[k]));
+    gb[k] = __ldcs(reinterpret_cast<const uint4*>(h + off_b[k]));
+  }
+}
+
+// A block runs tokens blockIdx.x, blockIdx.x + gridDim.x, ...; while it normalises and stores
+// one token, the next token's groups are already being loaded into registers, and a token's
+// angles are loaded before its sums so their latency hides behind the reduction. Each thread
+// keeps kUnits units in registers from the load to the store, so x is read once. The sums are
+// deterministic and the same in every thread of a token: all_heads: per thread over its units,
+// a warp's butterfly, then the warps' partials in warp order; per_head: a butterfly over the
+// head's lanes, or per unit then in unit order through shared memory.
+//
+// The next token's groups and the early angles take registers: at four units per thread (up to
+// 1024 threads, so at most 64 registers) they would spill, so that instantiation loads each
+// token after the last one's stores and its angles at the rotation (kPipeline false).
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRopeArgs a) {
   constexpr int V = Group<T>::kV;
-  extern __shared__ float sums[];  // [units]: per unit, then [N]: per head
-  const int64_t token = blockIdx.x;
-  const int64_t b = token / a.s_local;
-  const int64_t s = token % a.s_local;
+  constexpr bool kPipeline = kUnits <= 2;
+  extern __shared__ float shared[];
   const int d = static_cast<int>(a.head_dim);
   const int N = static_cast<int>(a.heads);
   const int per_head_units = d / (2 * V);
   const int units = N * per_head_units;
-  const int64_t row = a.sbhd ? s * a.batch + b : b * a.s_local + s;
-  const T* in = static_cast<const T*>(a.x) + row * N * d;
-  float* unit_sum = sums;
-  float* head_sum = sums + units;
+  const int64_t tokens = a.batch * a.s_local;
+  const bool shuffle = shuffle_width(per_head_units);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+
+  // The units' geometry and destinations, the same for every token.
+  int head[kUnits], index[kUnits], off_a[kUnits], off_b[kUnits];
+  bool valid[kUnits];
+  T* out_base[kUnits];
+  int64_t out_pitch[kUnits];  // elements between two rows of the destination
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k) {
+    const int q = threadIdx.x + k * blockDim.x;
+    valid[k] = q < units;
+    const Unit<V> unit(valid[k] ? q : 0, per_head_units, d, a.half_style);
+    head[k] = unit.head;
+    index[k] = unit.index;
+    off_a[k] = unit.off_a;
+    off_b[k] = unit.off_b;
+    int j = 0;
+    while (j + 1 < a.peers && unit.head >= a.head_start[j + 1]) ++j;
+    const int64_t owned = a.head_start[j + 1] - a.head_start[j];
+    out_base[k] = reinterpret_cast<T*>(a.dst[j]) + (unit.head - a.head_start[j]) * a.head_dim;
+    out_pitch[k] = owned * a.head_dim;
+  }
 
   uint4 ga[kUnits], gb[kUnits];
+  int64_t token = blockIdx.x;
+  if (token < tokens) load_token<T, kUnits>(a, token, off_a, off_b, head, valid, ga, gb);
+  for (int buffer = 0; token < tokens; token += gridDim.x, buffer ^= 1) {
+    uint4 na[kUnits], nb[kUnits];
+    const int64_t next = token + gridDim.x;
+    if constexpr (kPipeline)
+      if (next < tokens) load_token<T, kUnits>(a, next, off_a, off_b, head, valid, na, nb);
+    const int64_t b = token / a.s_local;
+    const int64_t s = token % a.s_local;
+    const float* cos_row = a.cos + s * (d / 2);
+    const float* sin_row = a.sin + s * (d / 2);
+    float c[kUnits][V], t[kUnits][V];
+    if constexpr (kPipeline) {
 #pragma unroll
-  for (int k = 0; k < kUnits; ++k) {
-    const int q = threadIdx.x + k * blockDim.x;
-    if (q >= units) continue;
-    const Unit<V> unit(q, per_head_units, d, a.half_style);
-    const int h = unit.head, u = unit.index, off_a = unit.off_a, off_b = unit.off_b;
-    ga[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_a));
-    gb[k] = __ldcs(reinterpret_cast<const uint4*>(in + h * d + off_b));
-    float fa[V], fb[V];
-    unpack<T>(ga[k], fa);
-    unpack<T>(gb[k], fb);
-    float acc = 0.f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) acc += fa[i] * fa[i] + fb[i] * fb[i];
-    unit_sum[q] = acc;
-  }
-  __syncthreads();
-  for (int h = threadIdx.x; h < N; h += blockDim.x) {
-    float acc = 0.f;
-    for (int u = 0; u < per_head_units; ++u) acc += unit_sum[h * per_head_units + u];
-    head_sum[h] = acc;
-  }
-  __syncthreads();
-  float token_rstd = 0.f;
-  if (!a.per_head) {
-    float total = 0.f;
-    for (int h = 0; h < N; ++h) total += head_sum[h];
-    token_rstd = rsqrtf(total / static_cast<float>(N * d) + a.eps);
-  }
-  const int half = d / 2;
-  const float* cos_row = a.cos + s * half;
-  const float* sin_row = a.sin + s * half;
-  const int64_t seq = a.seq_offset + s;
-  const int64_t out_row = a.sbhd ? seq * a.batch + b : b * a.seq_total + seq;
-#pragma unroll
-  for (int k = 0; k < kUnits; ++k) {
-    const int q = threadIdx.x + k * blockDim.x;
-    if (q >= units) continue;
-    const Unit<V> unit(q, per_head_units, d, a.half_style);
-    const int h = unit.head, u = unit.index, off_a = unit.off_a, off_b = unit.off_b;
-    const float rstd = a.per_head ? rsqrtf(head_sum[h] / static_cast<float>(d) + a.eps)
-                                  : token_rstd;
-    const float* w = a.per_head ? a.weight : a.weight + h * d;
-    float fa[V], fb[V], wa[V], wb[V], c[V], t[V];
-    unpack<T>(ga[k], fa);
-    unpack<T>(gb[k], fb);
-    load_floats(w + off_a, wa, V);
-    load_floats(w + off_b, wb, V);
-    load_floats(cos_row + u * V, c, V);
-    load_floats(sin_row + u * V, t, V);
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      fa[i] = fa[i] * rstd * wa[i];
-      fb[i] = fb[i] * rstd * wb[i];
+      for (int k = 0; k < kUnits; ++k) {
+        if (!valid[k]) continue;
+        load_floats(cos_row + index[k] * V, c[k], V);
+        load_floats(sin_row + index[k] * V, t[k], V);
+      }
     }
-    float oa[V], ob[V];
-    if (a.half_style) {
+
+    float unit_sum[kUnits];
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      unit_sum[k] = 0.f;
+      if (!valid[k]) continue;
+      float fa[V], fb[V];
+      unpack<T>(ga[k], fa);
+      unpack<T>(gb[k], fb);
+#pragma unroll
+      for (int i = 0; i < V; ++i) unit_sum[k] += fa[i] * fa[i] + fb[i] * fb[i];
+    }
+    float rstd[kUnits];
+    if (!a.per_head) {
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) acc += unit_sum[k];
+      acc = warp_sum(acc);
+      float* partial = shared + buffer * 32;
+      if (lane == 0) partial[warp] = acc;
+      __syncthreads();
+      float total = 0.f;
+      for (int w = 0; w < warps; ++w) total += partial[w];
+      const float r = rsqrtf(total / static_cast<float>(N * d) + a.eps);
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) rstd[k] = r;
+    } else if (shuffle) {
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) {
+        float acc = unit_sum[k];  // invalid units hold 0, and fill whole groups of lanes
+        for (int offset = per_head_units / 2; offset > 0; offset /= 2)
+          acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+        rstd[k] = rsqrtf(acc / static_cast<float>(d) + a.eps);
+      }
+    } else {
+      float* sums = shared + 2 * 32 + buffer * units;
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k)
+        if (valid[k]) sums[threadIdx.x + k * blockDim.x] = unit_sum[k];
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) {
+        float acc = 0.f;
+        if (valid[k])
+          for (int u = 0; u < per_head_units; ++u) acc += sums[head[k] * per_head_units + u];
+        rstd[k] = rsqrtf(acc / static_cast<float>(d) + a.eps);
+      }
+    }
+
+    const int64_t seq = a.seq_offset + s;
+    const int64_t out_row = a.sbhd ? seq * a.batch + b : b * a.seq_total + seq;
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      if (!valid[k]) continue;
+      const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(head[k]) * d;
+      float fa[V], fb[V], wa[V], wb[V];
+      unpack<T>(ga[k], fa);
+      unpack<T>(gb[k], fb);
+      load_floats(w + off_a[k], wa, V);
+      load_floats(w + off_b[k], wb, V);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        oa[i] = fa[i] * c[i] - fb[i] * t[i];
-        ob[i] = fa[i] * t[i] + fb[i] * c[i];
+        fa[i] = fa[i] * rstd[k] * wa[i];
+        fb[i] = fb[i] * rstd[k] * wb[i];
       }
-    } else {  // pairs (fa[0], fa[1]) .. (fb[V-2], fb[V-1]): pair p uses angle p
+      float ck[V], tk[V];
+      if constexpr (kPipeline) {
 #pragma unroll
-      for (int p = 0; p < V / 2; ++p) {
-        oa[2 * p] = fa[2 * p] * c[p] - fa[2 * p + 1] * t[p];
-        oa[2 * p + 1] = fa[2 * p] * t[p] + fa[2 * p + 1] * c[p];
-        ob[2 * p] = fb[2 * p] * c[V / 2 + p] - fb[2 * p + 1] * t[V / 2 + p];
-        ob[2 * p + 1] = fb[2 * p] * t[V / 2 + p] + fb[2 * p + 1] * c[V / 2 + p];
+        for (int i = 0; i < V; ++i) {
+          ck[i] = c[k][i];
+          tk[i] = t[k][i];
+        }
+      } else {
+        load_floats(cos_row + index[k] * V, ck, V);
+        load_floats(sin_row + index[k] * V, tk, V);
       }
+      float oa[V], ob[V];
+      if (a.half_style) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          oa[i] = fa[i] * ck[i] - fb[i] * tk[i];
+          ob[i] = fa[i] * tk[i] + fb[i] * ck[i];
+        }
+      } else {  // pairs (fa[0], fa[1]) .. (fb[V-2], fb[V-1]): pair p uses angle p
+#pragma unroll
+        for (int p = 0; p < V / 2; ++p) {
+          oa[2 * p] = fa[2 * p] * ck[p] - fa[2 * p + 1] * tk[p];
+          oa[2 * p + 1] = fa[2 * p] * tk[p] + fa[2 * p + 1] * ck[p];
+          ob[2 * p] = fb[2 * p] * ck[V / 2 + p] - fb[2 * p + 1] * tk[V / 2 + p];
+          ob[2 * p + 1] = fb[2 * p] * tk[V / 2 + p] + fb[2 * p + 1] * ck[V / 2 + p];
+        }
+      }
+      T* out = out_base[k] + out_row * out_pitch[k];
+      __stcs(reinterpret_cast<uint4*>(out + off_a[k]), pack<T>(oa));
+      __stcs(reinterpret_cast<uint4*>(out + off_b[k]), pack<T>(ob));
     }
-    int j = 0;
-    while (j + 1 < a.peers && h >= a.head_start[j + 1]) ++j;
-    const int64_t owned = a.head_start[j + 1] - a.head_start[j];
-    const int64_t kh = h - a.head_start[j];
-    T* out = reinterpret_cast<T*>(a.dst[j]) + (out_row * owned + kh) * d;
-    *reinterpret_cast<uint4*>(out + off_a) = pack<T>(oa);
-    *reinterpret_cast<uint4*>(out + off_b) = pack<T>(ob);
+    if constexpr (kPipeline) {
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) {
+        ga[k] = na[k];
+        gb[k] = nb[k];
+      }
+    } else if (next < tokens) {
+      load_token<T, kUnits>(a, next, off_a, off_b, head, valid, ga, gb);
+    }
   }
 }
 
@@ -251,6 +359,10 @@ int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
   return 0;
 }
 
+// Tokens per block of the vector kernel: enough to overlap one token's loads with the last
+// one's math, few enough to keep every SM busy on short sequences.
+constexpr int64_t kTokensPerBlock = 4;
+
 template <typename T>
 void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t stream) {
   constexpr int V = Group<T>::kV;
@@ -258,16 +370,18 @@ void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t str
   const int64_t units = a.heads * (a.head_dim / (2 * V));
   const int64_t per_block = (units + units_per_thread - 1) / units_per_thread;
   const int threads = static_cast<int>(std::max<int64_t>(32, (per_block + 31) / 32 * 32));
-  const size_t shared = static_cast<size_t>(units + a.heads) * sizeof(float);
+  const int64_t blocks = (tokens + kTokensPerBlock - 1) / kTokensPerBlock;
+  const size_t shared = static_cast<size_t>(vector_shared_floats(static_cast<int>(units))) *
+                        sizeof(float);
   switch (units_per_thread) {
     case 1:
-      norm_rope_vector_kernel<T, 1><<<tokens, threads, shared, stream>>>(a);
+      norm_rope_vector_kernel<T, 1><<<blocks, threads, shared, stream>>>(a);
       break;
     case 2:
-      norm_rope_vector_kernel<T, 2><<<tokens, threads, shared, stream>>>(a);
+      norm_rope_vector_kernel<T, 2><<<blocks, threads, shared, stream>>>(a);
       break;
     default:
-      norm_rope_vector_kernel<T, 4><<<tokens, threads, shared, stream>>>(a);
+      norm_rope_vector_kernel<T, 4><<<blocks, threads, shared, stream>>>(a);
       break;
   }
 }

@@ -7,7 +7,7 @@
 
 namespace fast_ulysses::kernels {
 
-// Launches the kernel on `stream` (one block per token); a token-less call launches nothing.
+// Launches the kernel on `stream`; a token-less call launches nothing.
 // Returns the launch's error (cudaSuccess).
 cudaError_t launch_norm_rope(const NormRopeArgs& args, cudaStream_t stream);
 
