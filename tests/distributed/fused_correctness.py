@@ -220,6 +220,8 @@ class Checker:
         # for 2-byte types. Up to 256 units a token, a thread holds 1; up to 1024, 2; more, 4.
         cases = [("vector bf16 d=64", torch.bfloat16, 64, None, False),
                  ("vector fp16 d=128, 2 units/thread", torch.float16, 128, 40, False),
+                 ("vector bf16 d=128, 2 units/thread, 320 threads",
+                  torch.bfloat16, 128, 80, False),
                  ("vector bf16 d=128, 4 units/thread", torch.bfloat16, 128, 136, False),
                  ("vector fp32 d=8", torch.float32, 8, None, False),
                  ("scalar bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False),
