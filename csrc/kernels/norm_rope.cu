@@ -174,11 +174,14 @@ __device__ __forceinline__ void load_token(const NormRopeArgs& a, int64_t token,
 //
 // The next token's groups and the early angles take registers: at four units per thread (up to
 // 1024 threads, so at most 64 registers) they would spill, so that instantiation loads each
-// token after the last one's stores and its angles at the rotation (kPipeline false).
+// token after the last one's stores and its angles at the rotation (kPrefetch false). It still
+// spills part of the hoisted geometry (ptxas, sm_90: 350-380 bytes of stack); it serves only
+// tokens of more than 1024 units. Holding the next tokens in shared memory (cp.async) instead
+// of registers was measured slower (docs/BENCHMARK.md).
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRopeArgs a) {
   constexpr int V = Group<T>::kV;
-  constexpr bool kPipeline = kUnits <= 2;
+  constexpr bool kPrefetch = kUnits <= 2;
   extern __shared__ float shared[];
   const int d = static_cast<int>(a.head_dim);
   const int N = static_cast<int>(a.heads);
@@ -217,14 +220,14 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   for (int buffer = 0; token < tokens; token += gridDim.x, buffer ^= 1) {
     uint4 na[kUnits], nb[kUnits];
     const int64_t next = token + gridDim.x;
-    if constexpr (kPipeline)
+    if constexpr (kPrefetch)
       if (next < tokens) load_token<T, kUnits>(a, next, off_a, off_b, head, valid, na, nb);
     const int64_t b = token / a.s_local;
     const int64_t s = token % a.s_local;
     const float* cos_row = a.cos + s * (d / 2);
     const float* sin_row = a.sin + s * (d / 2);
     float c[kUnits][V], t[kUnits][V];
-    if constexpr (kPipeline) {
+    if constexpr (kPrefetch) {
 #pragma unroll
       for (int k = 0; k < kUnits; ++k) {
         if (!valid[k]) continue;
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
         fb[i] = fb[i] * rstd[k] * wb[i];
       }
       float ck[V], tk[V];
-      if constexpr (kPipeline) {
+      if constexpr (kPrefetch) {
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           ck[i] = c[k][i];
@@ -328,7 +331,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
       __stcs(reinterpret_cast<uint4*>(out + off_a[k]), pack<T>(oa));
       __stcs(reinterpret_cast<uint4*>(out + off_b[k]), pack<T>(ob));
     }
-    if constexpr (kPipeline) {
+    if constexpr (kPrefetch) {
 #pragma unroll
       for (int k = 0; k < kUnits; ++k) {
         ga[k] = na[k];
