@@ -19,6 +19,13 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
+// The rank that owns head h after the mode-0 all-to-all.
+__device__ __forceinline__ int owner_of(const NormRopeArgs& a, int64_t h) {
+  int j = 0;
+  while (j + 1 < a.peers && h >= a.head_start[j + 1]) ++j;
+  return j;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
@@ -73,8 +80,7 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
     const float y1 = load(in + h * d + e1) * rstd * a.weight[w1];
     const float c = cos_row[i];
     const float t = sin_row[i];
-    int j = 0;
-    while (j + 1 < a.peers && h >= a.head_start[j + 1]) ++j;
+    const int j = owner_of(a, h);
     const int64_t owned = a.head_start[j + 1] - a.head_start[j];
     const int64_t k = h - a.head_start[j];
     const int64_t seq = a.seq_offset + s;
@@ -135,7 +141,7 @@ struct Unit {
 // The per_head sums go through warp shuffles when a head's units are an aligned power-of-two
 // group of at most 32 lanes (they always are aligned: units are numbered q = thread + k *
 // blockDim with blockDim a multiple of 32); otherwise through shared memory.
-__host__ __device__ constexpr bool shuffle_width(int per_head_units) {
+__host__ __device__ constexpr bool shuffle_sums(int per_head_units) {
   return per_head_units > 0 && per_head_units <= 32 &&
          (per_head_units & (per_head_units - 1)) == 0;
 }
@@ -144,7 +150,10 @@ __host__ __device__ constexpr bool shuffle_width(int per_head_units) {
 // and two of one sum per unit (per_head without shuffles). Two of each because a block runs
 // several tokens and a fast thread may write token t + 1's sums while a slow one still reads
 // token t's; one barrier per token orders the rest.
-__host__ __device__ constexpr int vector_shared_floats(int units) { return 2 * 32 + 2 * units; }
+constexpr int kPartialFloats = 2 * 32;
+__host__ __device__ constexpr int vector_shared_floats(int units) {
+  return kPartialFloats + 2 * units;
+}
 
 template <typename T, int kUnits>
 __device__ __forceinline__ void load_token(const NormRopeArgs& a, int64_t token,
@@ -188,7 +197,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   const int per_head_units = d / (2 * V);
   const int units = N * per_head_units;
   const int64_t tokens = a.batch * a.s_local;
-  const bool shuffle = shuffle_width(per_head_units);
+  const bool shuffle = shuffle_sums(per_head_units);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
@@ -207,8 +216,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
     index[k] = unit.index;
     off_a[k] = unit.off_a;
     off_b[k] = unit.off_b;
-    int j = 0;
-    while (j + 1 < a.peers && unit.head >= a.head_start[j + 1]) ++j;
+    const int j = owner_of(a, unit.head);
     const int64_t owned = a.head_start[j + 1] - a.head_start[j];
     out_base[k] = reinterpret_cast<T*>(a.dst[j]) + (unit.head - a.head_start[j]) * a.head_dim;
     out_pitch[k] = owned * a.head_dim;
@@ -270,7 +278,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
         rstd[k] = rsqrtf(acc / static_cast<float>(d) + a.eps);
       }
     } else {
-      float* sums = shared + 2 * 32 + buffer * units;
+      float* sums = shared + kPartialFloats + buffer * units;
 #pragma unroll
       for (int k = 0; k < kUnits; ++k)
         if (valid[k]) sums[threadIdx.x + k * blockDim.x] = unit_sum[k];
