@@ -10,12 +10,19 @@ where the host time goes, stage by stage (the slowest rank's microseconds per ca
 
 With --shared-gpu all ranks share cuda:0: the numbers are same-device SM copies contending for
 one GPU, not NVLink numbers. Prints the slowest rank's medians; JSON with --json PATH.
+
+--staggered times each rank's host issue alone: the ranks take turns (a gloo barrier between
+turns; the waiting ranks sleep in it), so no other rank competes for the CPU or the driver
+while one issues. The calls still complete only once every rank has issued its share, so the
+device time is not measured in this mode. With ranks sharing one GPU on one host, the
+difference to the default mode is what the other ranks' concurrent issue costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -27,22 +34,30 @@ import fast_ulysses as fu
 from fast_ulysses.presets import even_splits
 
 
-def measure(call, iters: int, warmup: int, after_warmup=lambda: None) -> tuple[float, float]:
+def measure(call, iters: int, warmup: int, after_warmup=lambda: None,
+            staggered: bool = False) -> tuple[float, float]:
+    """Median device ms and host us per call over 5 runs of `iters` calls (device ms is NaN
+    when staggered: see the module's docstring)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
     after_warmup()
+    rank, P = dist.get_rank(), dist.get_world_size()
     device_ms, host_us = [], []
     for _ in range(5):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        t0 = time.perf_counter_ns()
-        for _ in range(iters):
-            call()
-        t1 = time.perf_counter_ns()
+        for turn in range(P if staggered else 1):
+            if staggered:
+                dist.barrier()
+            if not staggered or turn == rank:
+                t0 = time.perf_counter_ns()
+                for _ in range(iters):
+                    call()
+                t1 = time.perf_counter_ns()
         stop.record()
         torch.cuda.synchronize()
-        device_ms.append(start.elapsed_time(stop) / iters)
+        device_ms.append(float("nan") if staggered else start.elapsed_time(stop) / iters)
         host_us.append((t1 - t0) / 1e3 / iters)
     return statistics.median(device_ms), statistics.median(host_us)
 
@@ -56,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shared-gpu", action="store_true")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--staggered", action="store_true",
+                        help="time each rank's host issue while the other ranks wait")
     parser.add_argument("--json")
     args = parser.parse_args()
     dist.init_process_group("gloo" if args.shared_gpu else "nccl")
@@ -76,7 +93,8 @@ def main() -> None:
             ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
             ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True,
                                        rank))):
-        ms, us = measure(call, args.iters, warmup=3, after_warmup=reset)
+        ms, us = measure(call, args.iters, warmup=3, after_warmup=reset,
+                         staggered=args.staggered)
         stats = torch.tensor([ms, us], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         results[name] = {"ms_per_call": stats[0].item(), "host_us_per_call": stats[1].item()}
@@ -89,17 +107,24 @@ def main() -> None:
     if rank == 0:
         sent = x.numel() * x.element_size()
         label = "ranks share one GPU (not NVLink)" if args.shared_gpu else "one GPU per rank"
+        if args.staggered:
+            label += "; staggered: each rank's issue timed alone, device time not measured"
         print(f"Wan 720p mode 0, P={P}, {label}; {sent / 1e6:.1f} MB in per rank")
         for name, r in results.items():
-            print(f"  {name:9s} {r['ms_per_call']:.3f} ms/call (slowest rank), "
-                  f"{r['host_us_per_call']:.1f} us host CPU/call, "
-                  f"{sent / r['ms_per_call'] / 1e6:.0f} GB/s per rank")
+            ms = r["ms_per_call"]
+            device = "n/a ms/call" if math.isnan(ms) else \
+                f"{ms:.3f} ms/call (slowest rank), {sent / ms / 1e6:.0f} GB/s per rank"
+            print(f"  {name:11s} {r['host_us_per_call']:.1f} us host CPU/call, {device}")
             if "host_us_by_stage" in r:
                 print("            host us by stage: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items()))
         if args.json:
+            for r in results.values():
+                if math.isnan(r["ms_per_call"]):
+                    r["ms_per_call"] = None
             with open(args.json, "w") as f:
                 json.dump({"world_size": P, "shared_gpu": args.shared_gpu,
+                           "staggered": args.staggered,
                            "bytes_in_per_rank": sent, **results}, f, indent=2)
     dist.destroy_process_group()
 

@@ -10,7 +10,8 @@
 #           GRAPH_K selects with pytest -k (e.g. GRAPH_K="5 or 8")
 #   quick   Wan 720p host cost and device time at QUICK_P (default 1 2 8; benchmarks/quick_wan.py), then
 #           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8 with
-#           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B
+#           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B, and P = 8
+#           --staggered (each rank's host issue timed while the other ranks wait)
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   doctor  fast-ulysses doctor (text and --json)
@@ -37,11 +38,12 @@ fi
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 rm -rf build/cp3*
 export FAST_ULYSSES_CUDA_ARCH=${FAST_ULYSSES_CUDA_ARCH:-90}
-quick_one() {  # $1: label, $2: P; extra environment from the caller
+quick_one() {  # $1: label, $2: P, then quick_wan.py's own options; extra environment from the caller
+  local label=$1 P=$2; shift 2
   FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout 120 python3 -m torch.distributed.run --standalone \
-    --nproc-per-node $2 benchmarks/quick_wan.py --shared-gpu --json "$OUT/quick_$1_p$2.json" \
-    > "$OUT/quick_$1_p$2.log" 2>&1
-  echo "$1 P=$2 rc=$?"; grep -E "^Wan|call|stage" "$OUT/quick_$1_p$2.log" | tail -7
+    --nproc-per-node $P benchmarks/quick_wan.py --shared-gpu "$@" --json "$OUT/quick_${label}_p$P.json" \
+    > "$OUT/quick_${label}_p$P.log" 2>&1
+  echo "$label P=$P rc=$?"; grep -E "^Wan|call|stage" "$OUT/quick_${label}_p$P.log" | tail -7
 }
 quick() {  # $1: label; quick_wan at P = 1, 2, 8 ranks sharing the GPU
   for P in ${QUICK_P:-1 2 8}; do quick_one "$1" $P; done
@@ -81,6 +83,8 @@ if has quick; then
   quick after
   for P in ${PROFILE_P:-1 8}; do FAST_ULYSSES_HOST_PROFILE=1 quick_one profile $P; done
   [ "${NOBATCH:-1}" = 1 ] && FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
+  # Each rank's issue timed alone (the others wait): what the ranks' concurrent issue costs.
+  [ "${STAGGER:-1}" = 1 ] && quick_one staggered 8 --staggered
 fi
 if has doctor; then
   python3 -m fast_ulysses.cli.doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"; tail -12 "$OUT/doctor.txt"

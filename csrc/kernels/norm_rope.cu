@@ -371,8 +371,12 @@ int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
 }
 
 // Tokens per block of the vector kernel: enough to overlap one token's loads with the last
-// one's math, few enough to keep every SM busy on short sequences.
-constexpr int64_t kTokensPerBlock = 4;
+// one's math and to spread each unit's hoisted geometry over many tokens, few enough to keep
+// every SM busy on short sequences. Eight a block from kLongSequence tokens on (at least 1024
+// blocks: every SM of an H200 still holds several), four below; on the H200, Wan 720p at P = 1
+// ran 3% faster with eight than with four (docs/BENCHMARK.md).
+constexpr int64_t kLongSequence = 8192;
+int64_t tokens_per_block(int64_t tokens) { return tokens >= kLongSequence ? 8 : 4; }
 
 template <typename T>
 void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t stream) {
@@ -381,7 +385,8 @@ void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t str
   const int64_t units = a.heads * (a.head_dim / (2 * V));
   const int64_t per_block = (units + units_per_thread - 1) / units_per_thread;
   const int threads = static_cast<int>(std::max<int64_t>(32, (per_block + 31) / 32 * 32));
-  const int64_t blocks = (tokens + kTokensPerBlock - 1) / kTokensPerBlock;
+  const int64_t per_block_tokens = tokens_per_block(tokens);
+  const int64_t blocks = (tokens + per_block_tokens - 1) / per_block_tokens;
   const size_t shared = static_cast<size_t>(vector_shared_floats(static_cast<int>(units))) *
                         sizeof(float);
   switch (units_per_thread) {

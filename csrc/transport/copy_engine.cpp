@@ -1,13 +1,10 @@
 #include "transport/copy_engine.h"
 
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/pitched_copy.h"
 #include "transport/cuda_check.h"
 
 namespace fast_ulysses::transport {
@@ -22,43 +19,13 @@ namespace {
 // copy goes to those calls only where every pitch, the width and both addresses are multiples
 // of kCopyEngineAlignment (16 bytes: every row of d * element_size a multiple of 16, the geometry
 // measured on the H200); a 1D copy (cudaMemcpyAsync) has no pitch and always goes. Anything else
-// is copied by torch's strided copy kernel through the mapped peer address (an SM kernel, any
-// geometry of whole elements, capturable): correct at any width, at SM speed.
+// is copied by our pitched copy kernel through the mapped peer address (copy_by_kernel: an SM
+// kernel, any geometry, capturable): correct at any width, at SM speed.
 bool copy_engine_aligned(const CopyDescriptor& c, const char* s, const char* d) {
   const auto aligned = [](uint64_t v) { return v % kCopyEngineAlignment == 0; };
   return aligned(c.width) && aligned(c.src_pitch) && aligned(c.dst_pitch) &&
          aligned(c.src_slice_pitch) && aligned(c.dst_slice_pitch) &&
          aligned(reinterpret_cast<uintptr_t>(s)) && aligned(reinterpret_cast<uintptr_t>(d));
-}
-
-// A coalesced copy at s -> d by torch's copy kernel on `stream`, in the widest element (8, 4, 2
-// or 1 bytes) that divides every width, pitch and address. d may be a peer's mapped window: the
-// tensors are given this device explicitly (a pointer lookup would name the peer's).
-void copy_by_kernel(const CopyDescriptor& c, const char* s, char* d, cudaStream_t stream) {
-  const uint64_t all = static_cast<uint64_t>(c.width | c.src_pitch | c.dst_pitch |
-                                             c.src_slice_pitch | c.dst_slice_pitch) |
-                       reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d);
-  int64_t es = 8;
-  while (all % es != 0) es /= 2;
-  const at::ScalarType dtype = es == 8   ? at::kLong
-                               : es == 4 ? at::kInt
-                               : es == 2 ? at::kShort
-                                         : at::kByte;
-  const c10::Device device(c10::DeviceType::CUDA, c10::cuda::current_device());
-  const auto options = at::TensorOptions().dtype(dtype).device(device);
-  const std::vector<int64_t> sizes = {c.depth, c.height, c.width / es};
-  const at::Tensor from = at::for_blob(const_cast<char*>(s), sizes)
-                              .strides({c.src_slice_pitch / es, c.src_pitch / es, 1})
-                              .options(options)
-                              .target_device(device)
-                              .make_tensor();
-  at::Tensor to = at::for_blob(d, sizes)
-                      .strides({c.dst_slice_pitch / es, c.dst_pitch / es, 1})
-                      .options(options)
-                      .target_device(device)
-                      .make_tensor();
-  c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(stream, device.index()));
-  to.copy_(from);
 }
 
 }  // namespace
@@ -74,7 +41,7 @@ void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
     return;
   }
   if (!copy_engine_aligned(c, s, d)) {
-    copy_by_kernel(c, s, d, stream);
+    copy_by_kernel(c, src, dst, stream);
     return;
   }
   if (c.depth == 1) {
@@ -153,16 +120,21 @@ void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool
   for (const PeerCopy& pc : copies) issue_copy(*pc.copy, pc.src, pc.dst, stream);
 }
 
-void copy_local(const CopyDescriptor& descriptor, const at::Tensor& x, const at::Tensor& window) {
+void copy_by_kernel(const CopyDescriptor& descriptor, const char* src, char* dst,
+                    cudaStream_t stream) {
   if (descriptor.bytes() == 0) return;
   const CopyDescriptor c = coalesced(descriptor);
-  const int64_t es = x.element_size();  // every plan offset and pitch is whole elements
-  const std::vector<int64_t> sizes = {c.depth, c.height, c.width / es};
-  const at::Tensor src = x.as_strided(sizes, {c.src_slice_pitch / es, c.src_pitch / es, 1},
-                                      x.storage_offset() + c.src_offset / es);
-  at::Tensor dst = window.as_strided(sizes, {c.dst_slice_pitch / es, c.dst_pitch / es, 1},
-                                     window.storage_offset() + c.dst_offset / es);
-  dst.copy_(src);
+  kernels::PitchedCopy copy;
+  copy.src = src + c.src_offset;
+  copy.dst = dst + c.dst_offset;
+  copy.width = c.width;
+  copy.height = c.height;
+  copy.depth = c.depth;
+  copy.src_pitch = c.src_pitch;
+  copy.dst_pitch = c.dst_pitch;
+  copy.src_slice_pitch = c.src_slice_pitch;
+  copy.dst_slice_pitch = c.dst_slice_pitch;
+  FU_CUDA_CHECK(kernels::launch_pitched_copy(copy, stream));
 }
 
 }  // namespace fast_ulysses::transport

@@ -1,10 +1,9 @@
 // Issues one plan descriptor as a single CUDA memcpy (1D, 2D or 3D after coalescing). Between
 // two devices the driver runs it on a copy engine, not on SMs; on one device it is a kernel.
 // Pitched copies whose rows, pitches or addresses are not multiples of kCopyEngineAlignment go
-// to torch's strided copy kernel instead (copy_engine.cpp says why): any row width works.
+// to our pitched copy kernel instead (copy_engine.cpp says why): any row width works.
 #pragma once
 
-#include <ATen/core/Tensor.h>
 #include <cuda_runtime_api.h>
 
 #include <vector>
@@ -28,10 +27,10 @@ struct PeerCopy {
 };
 void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool batch);
 
-// This rank's own share, on the current stream: torch's strided copy kernel over views that
-// the descriptor describes. A same-device copy is an SM kernel either way, and this one ran
-// ~1.7x faster than cudaMemcpy2DAsync at 1280-byte rows on an H200 (docs/BENCHMARK.md).
-// `window` is my window as a tensor of x's dtype.
-void copy_local(const CopyDescriptor& copy, const at::Tensor& x, const at::Tensor& window);
+// One plan descriptor copied by the SM pitched copy kernel (kernels/pitched_copy.h) on `stream`,
+// launched directly: this rank's own share of a pitched call (a same-device copy is an SM copy
+// either way, and this one costs a kernel launch of host time, not torch's view and
+// TensorIterator setup), and the remote copies the driver's pitched calls are not given.
+void copy_by_kernel(const CopyDescriptor& copy, const char* src, char* dst, cudaStream_t stream);
 
 }  // namespace fast_ulysses::transport

@@ -230,18 +230,18 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
 
 // C: this rank's own share of x into `out` (the result, or my window for a borrowed call; either
 // way the output layout, starting at byte 0, where the descriptor's offsets point). A chunk that
-// coalesces to one run of bytes is one cudaMemcpyAsync, which is what torch's copy_ issues for
-// it too, minus the host cost of building views and a TensorIterator; pitched chunks go through
-// torch's strided copy kernel (copy_local), faster than a pitched driver copy.
+// coalesces to one run of bytes is one cudaMemcpyAsync, what torch's copy_ issues for it too;
+// a pitched chunk goes to our pitched copy kernel, launched directly (copy_by_kernel).
 void UlyssesGroup::copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                             cudaStream_t caller) {
+  const char* src = static_cast<const char*>(x.const_data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
   const CopyDescriptor c = coalesced(own);
-  if (c.bytes() > 0 && c.height == 1 && c.depth == 1) {
-    issue_copy(c, static_cast<const char*>(x.const_data_ptr()), static_cast<char*>(out.data_ptr()),
-               caller);
-    return;
+  if (c.height == 1 && c.depth == 1) {
+    issue_copy(c, src, dst, caller);
+  } else {
+    copy_by_kernel(c, src, dst, caller);
   }
-  copy_local(own, x, out);
 }
 
 void UlyssesGroup::launch_fused(FusedNormRope& fused, const std::vector<char*>& windows,
