@@ -1,35 +1,17 @@
 #include "kernels/norm_rope_launch.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/norm_rope_device.cuh"
 
 namespace fast_ulysses::kernels {
 namespace {
 
+using namespace device;
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-
-// The rank that owns head h after the mode-0 all-to-all.
-__device__ __forceinline__ int owner_of(const NormRopeArgs& a, int64_t h) {
-  int j = 0;
-  while (j + 1 < a.peers && h >= a.head_start[j + 1]) ++j;
-  return j;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // One block per token (b, s). Shared memory: one float per head (its sum of squares).
 template <typename T>
@@ -91,79 +73,12 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
   }
 }
 
-// The vector path: the same math on 16-byte groups. A unit is two groups of V = 16 / sizeof(T)
-// elements that hold V whole RoPE pairs: for "interleaved" the adjacent groups at 2uV and
-// 2uV + V, for "half" the groups at uV and d/2 + uV; either way the pairs' angles are
-// cos/sin[uV .. uV + V). A thread holds kUnits units (norm_rope_vector_kernel below).
-template <typename T>
-struct Group {
-  static constexpr int kV = 16 / sizeof(T);
-};
-
-template <typename T>
-__device__ __forceinline__ void unpack(const uint4& v, float* f) {
-  const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-  for (int i = 0; i < Group<T>::kV; ++i) f[i] = load(e + i);
-}
-
-template <typename T>
-__device__ __forceinline__ uint4 pack(const float* f) {
-  uint4 v;
-  T* e = reinterpret_cast<T*>(&v);
-#pragma unroll
-  for (int i = 0; i < Group<T>::kV; ++i) store(e + i, f[i]);
-  return v;
-}
-
-__device__ __forceinline__ void load_floats(const float* p, float* f, int n) {
-  for (int i = 0; i < n; i += 4) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
-    f[i] = v.x;
-    f[i + 1] = v.y;
-    f[i + 2] = v.z;
-    f[i + 3] = v.w;
-  }
-}
-
-// Unit q of a token: its head, its index u in the head, and its two groups' offsets in the
-// head's row.
-template <int V>
-struct Unit {
-  __device__ __forceinline__ Unit(int q, int per_head_units, int d, bool half_style)
-      : head(q / per_head_units),
-        index(q % per_head_units),
-        off_a(half_style ? index * V : 2 * index * V),
-        off_b(half_style ? d / 2 + index * V : 2 * index * V + V) {}
-  int head, index, off_a, off_b;
-};
-
-// The per_head sums go through warp shuffles when a head's units are an aligned power-of-two
-// group of at most 32 lanes (they always are aligned: units are numbered q = thread + k *
-// blockDim with blockDim a multiple of 32); otherwise through shared memory.
-__host__ __device__ constexpr bool shuffle_sums(int per_head_units) {
-  return per_head_units > 0 && per_head_units <= 32 &&
-         (per_head_units & (per_head_units - 1)) == 0;
-}
-
-// Shared memory of the vector kernel, in floats: two buffers of 32 per-warp partials (all_heads)
-// and two of one sum per unit (per_head without shuffles). Two of each because a block runs
-// several tokens and a fast thread may write token t + 1's sums while a slow one still reads
-// token t's; one barrier per token orders the rest.
-constexpr int kPartialFloats = 2 * 32;
-__host__ __device__ constexpr int vector_shared_floats(int units) {
-  return kPartialFloats + 2 * units;
-}
-
 template <typename T, int kUnits>
 __device__ __forceinline__ void load_token(const NormRopeArgs& a, int64_t token,
                                            const int (&off_a)[kUnits], const int (&off_b)[kUnits],
                                            const int (&head)[kUnits], const bool (&valid)[kUnits],
                                            uint4 (&ga)[kUnits], uint4 (&gb)[kUnits]) {
-  const int64_t b = token / a.s_local;
-  const int64_t s = token % a.s_local;
-  const int64_t row = a.sbhd ? s * a.batch + b : b * a.s_local + s;
-  const T* in = static_cast<const T*>(a.x) + row * a.heads * a.head_dim;
+  const T* in = static_cast<const T*>(a.x) + input_row(a, token) * a.heads * a.head_dim;
 #pragma unroll
   for (int k = 0; k < kUnits; ++k) {
     if (!valid[k]) continue;
@@ -193,44 +108,19 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   constexpr bool kPrefetch = kUnits <= 2;
   extern __shared__ float shared[];
   const int d = static_cast<int>(a.head_dim);
-  const int N = static_cast<int>(a.heads);
   const int per_head_units = d / (2 * V);
-  const int units = N * per_head_units;
+  const int units = static_cast<int>(a.heads) * per_head_units;
   const int64_t tokens = a.batch * a.s_local;
-  const bool shuffle = shuffle_sums(per_head_units);
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int warps = blockDim.x / 32;
-
-  // The units' geometry and destinations, the same for every token.
-  int head[kUnits], index[kUnits], off_a[kUnits], off_b[kUnits];
-  bool valid[kUnits];
-  T* out_base[kUnits];
-  int64_t out_pitch[kUnits];  // elements between two rows of the destination
-#pragma unroll
-  for (int k = 0; k < kUnits; ++k) {
-    const int q = threadIdx.x + k * blockDim.x;
-    valid[k] = q < units;
-    const Unit<V> unit(valid[k] ? q : 0, per_head_units, d, a.half_style);
-    head[k] = unit.head;
-    index[k] = unit.index;
-    off_a[k] = unit.off_a;
-    off_b[k] = unit.off_b;
-    const int j = owner_of(a, unit.head);
-    const int64_t owned = a.head_start[j + 1] - a.head_start[j];
-    out_base[k] = reinterpret_cast<T*>(a.dst[j]) + (unit.head - a.head_start[j]) * a.head_dim;
-    out_pitch[k] = owned * a.head_dim;
-  }
+  const ThreadUnits<T, kUnits> u(a, units, per_head_units);
 
   uint4 ga[kUnits], gb[kUnits];
   int64_t token = blockIdx.x;
-  if (token < tokens) load_token<T, kUnits>(a, token, off_a, off_b, head, valid, ga, gb);
+  if (token < tokens) load_token<T, kUnits>(a, token, u.off_a, u.off_b, u.head, u.valid, ga, gb);
   for (int buffer = 0; token < tokens; token += gridDim.x, buffer ^= 1) {
     uint4 na[kUnits], nb[kUnits];
     const int64_t next = token + gridDim.x;
     if constexpr (kPrefetch)
-      if (next < tokens) load_token<T, kUnits>(a, next, off_a, off_b, head, valid, na, nb);
-    const int64_t b = token / a.s_local;
+      if (next < tokens) load_token<T, kUnits>(a, next, u.off_a, u.off_b, u.head, u.valid, na, nb);
     const int64_t s = token % a.s_local;
     const float* cos_row = a.cos + s * (d / 2);
     const float* sin_row = a.sin + s * (d / 2);
@@ -238,106 +128,34 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
     if constexpr (kPrefetch) {
 #pragma unroll
       for (int k = 0; k < kUnits; ++k) {
-        if (!valid[k]) continue;
-        load_floats(cos_row + index[k] * V, c[k], V);
-        load_floats(sin_row + index[k] * V, t[k], V);
+        if (!u.valid[k]) continue;
+        load_floats(cos_row + u.index[k] * V, c[k], V);
+        load_floats(sin_row + u.index[k] * V, t[k], V);
       }
     }
 
     float unit_sum[kUnits];
 #pragma unroll
-    for (int k = 0; k < kUnits; ++k) {
-      unit_sum[k] = 0.f;
-      if (!valid[k]) continue;
-      float fa[V], fb[V];
-      unpack<T>(ga[k], fa);
-      unpack<T>(gb[k], fb);
-#pragma unroll
-      for (int i = 0; i < V; ++i) unit_sum[k] += fa[i] * fa[i] + fb[i] * fb[i];
-    }
+    for (int k = 0; k < kUnits; ++k)
+      unit_sum[k] = u.valid[k] ? unit_squares<T>(ga[k], gb[k]) : 0.f;
     float rstd[kUnits];
-    if (!a.per_head) {
-      float acc = 0.f;
-#pragma unroll
-      for (int k = 0; k < kUnits; ++k) acc += unit_sum[k];
-      acc = warp_sum(acc);
-      float* partial = shared + buffer * 32;
-      if (lane == 0) partial[warp] = acc;
-      __syncthreads();
-      float total = 0.f;
-      for (int w = 0; w < warps; ++w) total += partial[w];
-      const float r = rsqrtf(total / static_cast<float>(N * d) + a.eps);
-#pragma unroll
-      for (int k = 0; k < kUnits; ++k) rstd[k] = r;
-    } else if (shuffle) {
-#pragma unroll
-      for (int k = 0; k < kUnits; ++k) {
-        float acc = unit_sum[k];  // invalid units hold 0, and fill whole groups of lanes
-        for (int offset = per_head_units / 2; offset > 0; offset /= 2)
-          acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-        rstd[k] = rsqrtf(acc / static_cast<float>(d) + a.eps);
-      }
-    } else {
-      float* sums = shared + kPartialFloats + buffer * units;
-#pragma unroll
-      for (int k = 0; k < kUnits; ++k)
-        if (valid[k]) sums[threadIdx.x + k * blockDim.x] = unit_sum[k];
-      __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kUnits; ++k) {
-        float acc = 0.f;
-        if (valid[k])
-          for (int u = 0; u < per_head_units; ++u) acc += sums[head[k] * per_head_units + u];
-        rstd[k] = rsqrtf(acc / static_cast<float>(d) + a.eps);
-      }
-    }
+    unit_rstd<kUnits>(a, unit_sum, u.head, u.valid, per_head_units, units, shared, buffer, rstd);
 
-    const int64_t seq = a.seq_offset + s;
-    const int64_t out_row = a.sbhd ? seq * a.batch + b : b * a.seq_total + seq;
+    const int64_t out_row = output_row(a, token);
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
-      if (!valid[k]) continue;
-      const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(head[k]) * d;
-      float fa[V], fb[V], wa[V], wb[V];
-      unpack<T>(ga[k], fa);
-      unpack<T>(gb[k], fb);
-      load_floats(w + off_a[k], wa, V);
-      load_floats(w + off_b[k], wb, V);
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        fa[i] = fa[i] * rstd[k] * wa[i];
-        fb[i] = fb[i] * rstd[k] * wb[i];
-      }
-      float ck[V], tk[V];
+      if (!u.valid[k]) continue;
+      const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d;
       if constexpr (kPrefetch) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          ck[i] = c[k][i];
-          tk[i] = t[k][i];
-        }
+        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], c[k],
+                                  t[k], u.out_base[k] + out_row * u.out_pitch[k]);
       } else {
-        load_floats(cos_row + index[k] * V, ck, V);
-        load_floats(sin_row + index[k] * V, tk, V);
+        float ck[V], tk[V];
+        load_floats(cos_row + u.index[k] * V, ck, V);
+        load_floats(sin_row + u.index[k] * V, tk, V);
+        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], ck, tk,
+                                  u.out_base[k] + out_row * u.out_pitch[k]);
       }
-      float oa[V], ob[V];
-      if (a.half_style) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          oa[i] = fa[i] * ck[i] - fb[i] * tk[i];
-          ob[i] = fa[i] * tk[i] + fb[i] * ck[i];
-        }
-      } else {  // pairs (fa[0], fa[1]) .. (fb[V-2], fb[V-1]): pair p uses angle p
-#pragma unroll
-        for (int p = 0; p < V / 2; ++p) {
-          oa[2 * p] = fa[2 * p] * ck[p] - fa[2 * p + 1] * tk[p];
-          oa[2 * p + 1] = fa[2 * p] * tk[p] + fa[2 * p + 1] * ck[p];
-          ob[2 * p] = fb[2 * p] * ck[V / 2 + p] - fb[2 * p + 1] * tk[V / 2 + p];
-          ob[2 * p + 1] = fb[2 * p] * tk[V / 2 + p] + fb[2 * p + 1] * ck[V / 2 + p];
-        }
-      }
-      T* out = out_base[k] + out_row * out_pitch[k];
-      __stcs(reinterpret_cast<uint4*>(out + off_a[k]), pack<T>(oa));
-      __stcs(reinterpret_cast<uint4*>(out + off_b[k]), pack<T>(ob));
     }
     if constexpr (kPrefetch) {
 #pragma unroll
@@ -346,7 +164,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
         gb[k] = nb[k];
       }
     } else if (next < tokens) {
-      load_token<T, kUnits>(a, next, off_a, off_b, head, valid, ga, gb);
+      load_token<T, kUnits>(a, next, u.off_a, u.off_b, u.head, u.valid, ga, gb);
     }
   }
 }
@@ -379,12 +197,14 @@ constexpr int64_t kLongSequence = 8192;
 int64_t tokens_per_block(int64_t tokens) { return tokens >= kLongSequence ? 8 : 4; }
 
 template <typename T>
-void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t stream) {
+cudaError_t launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t stream) {
   constexpr int V = Group<T>::kV;
   const int64_t tokens = a.batch * a.s_local;
   const int64_t units = a.heads * (a.head_dim / (2 * V));
   const int64_t per_block = (units + units_per_thread - 1) / units_per_thread;
   const int threads = static_cast<int>(std::max<int64_t>(32, (per_block + 31) / 32 * 32));
+  cudaError_t error = cudaSuccess;
+  if (launch_norm_rope_bulk(a, units_per_thread, threads, stream, &error)) return error;
   const int64_t per_block_tokens = tokens_per_block(tokens);
   const int64_t blocks = (tokens + per_block_tokens - 1) / per_block_tokens;
   const size_t shared = static_cast<size_t>(vector_shared_floats(static_cast<int>(units))) *
@@ -400,6 +220,7 @@ void launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t str
       norm_rope_vector_kernel<T, 4><<<blocks, threads, shared, stream>>>(a);
       break;
   }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -410,25 +231,19 @@ cudaError_t launch_norm_rope(const NormRopeArgs& args, cudaStream_t stream) {
   const size_t shared = static_cast<size_t>(args.heads) * sizeof(float);
   switch (args.type) {
     case ElementType::kBFloat16:
-      if (const int k = vector_units_per_thread(args, 2)) {
-        launch_vector<__nv_bfloat16>(args, k, stream);
-      } else {
-        norm_rope_kernel<__nv_bfloat16><<<tokens, kThreads, shared, stream>>>(args);
-      }
+      if (const int k = vector_units_per_thread(args, 2))
+        return launch_vector<__nv_bfloat16>(args, k, stream);
+      norm_rope_kernel<__nv_bfloat16><<<tokens, kThreads, shared, stream>>>(args);
       break;
     case ElementType::kFloat16:
-      if (const int k = vector_units_per_thread(args, 2)) {
-        launch_vector<__half>(args, k, stream);
-      } else {
-        norm_rope_kernel<__half><<<tokens, kThreads, shared, stream>>>(args);
-      }
+      if (const int k = vector_units_per_thread(args, 2))
+        return launch_vector<__half>(args, k, stream);
+      norm_rope_kernel<__half><<<tokens, kThreads, shared, stream>>>(args);
       break;
     case ElementType::kFloat32:
-      if (const int k = vector_units_per_thread(args, 4)) {
-        launch_vector<float>(args, k, stream);
-      } else {
-        norm_rope_kernel<float><<<tokens, kThreads, shared, stream>>>(args);
-      }
+      if (const int k = vector_units_per_thread(args, 4))
+        return launch_vector<float>(args, k, stream);
+      norm_rope_kernel<float><<<tokens, kThreads, shared, stream>>>(args);
       break;
   }
   return cudaGetLastError();

@@ -12,9 +12,12 @@ Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N pass
   captured     an owned fused call captured in a CUDA graph, replayed with fresh inputs
   compiled     torch.compile(fullgraph=True) of a fused call (traced through its Meta kernel)
   eager_reuse  100 calls back to back on one tag, each checked
-  kernel_paths both kernels: the 16-byte vector path (1, 2 and 4 units per thread; bf16, fp16,
-               fp32) and the scalar path it leaves to (a head_dim that is not a whole number of
-               16-byte pairs of groups, an input not 16-byte aligned)
+  kernel_paths every kernel: the 16-byte vector path fed by bulk copies (1 and 2 units per
+               thread; bf16, fp16, fp32), the vector path that prefetches into registers (4
+               units per thread, and rows too large for the bulk copies' stages), and the
+               scalar path (a head_dim that is not a whole number of 16-byte pairs of groups,
+               an input not 16-byte aligned). Paths as on compute capability 9.0 or newer;
+               older GPUs run the register kernel where these say bulk
   refusals     bad arguments raise the C++ rule's ValueError before anything is sent; an input
                that requires grad is refused
 """
@@ -217,15 +220,21 @@ class Checker:
 
     def kernel_paths(self) -> str:
         # (label, dtype, d, heads, unaligned). A unit is two 16-byte groups: d / 16 per head
-        # for 2-byte types. Up to 256 units a token, a thread holds 1; up to 1024, 2; more, 4.
-        cases = [("vector bf16 d=64", torch.bfloat16, 64, None, False),
-                 ("vector fp16 d=128, 2 units/thread", torch.float16, 128, 40, False),
-                 ("vector bf16 d=128, 2 units/thread, 320 threads",
+        # for 2-byte types, d / 8 for fp32. Up to 256 units a token, a thread holds 1; up to
+        # 1024, 2; more, 4 (register kernel). The bulk-copy kernel takes 1 or 2 units a thread
+        # where two stages of a token row (plus its angles and sums) fit in 48 KiB.
+        cases = [("bulk vector bf16 d=64, 1 unit/thread", torch.bfloat16, 64, None, False),
+                 ("bulk vector fp16 d=128, 2 units/thread, 160 threads",
+                  torch.float16, 128, 40, False),
+                 ("bulk vector bf16 d=128, 2 units/thread, 320 threads",
                   torch.bfloat16, 128, 80, False),
-                 ("vector bf16 d=128, 4 units/thread", torch.bfloat16, 128, 136, False),
-                 ("vector fp32 d=8", torch.float32, 8, None, False),
+                 ("register vector bf16 d=128, 4 units/thread", torch.bfloat16, 128, 136, False),
+                 ("register vector fp32 d=128, 2 units/thread (24 KiB rows: too large for "
+                  "the bulk stages)", torch.float32, 128, 48, False),
+                 ("bulk vector fp32 d=8", torch.float32, 8, None, False),
                  ("scalar bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False),
-                 ("vector bf16 d=96 (6 units a head)", torch.bfloat16, 96, None, False),
+                 ("bulk vector bf16 d=96 (6 units a head: sums through shared memory)",
+                  torch.bfloat16, 96, None, False),
                  ("scalar fp32 d=6", torch.float32, 6, None, False),
                  ("scalar bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True)]
         n = 0
@@ -246,7 +255,7 @@ class Checker:
                 assert miss is None, (f"rank {self.rank}: {label}, {norm} {style} "
                                       f"borrowed={borrowed}: {miss}")
                 n += 1
-        return f"kernel_paths: {n} cases over the vector and scalar kernels within one ulp"
+        return f"kernel_paths: {n} cases over the bulk, register and scalar kernels within one ulp"
 
     def refusals(self) -> str:
         xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
