@@ -129,8 +129,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
 #pragma unroll
       for (int k = 0; k < kUnits; ++k) {
         if (!u.valid[k]) continue;
-        load_floats(cos_row + u.index[k] * V, c[k], V);
-        load_floats(sin_row + u.index[k] * V, t[k], V);
+        unit_angles<V, true>(cos_row, sin_row, u.index[k], d, a.half_style, c[k], t[k]);
       }
     }
 
@@ -151,8 +150,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
                                   t[k], u.out_base[k] + out_row * u.out_pitch[k]);
       } else {
         float ck[V], tk[V];
-        load_floats(cos_row + u.index[k] * V, ck, V);
-        load_floats(sin_row + u.index[k] * V, tk, V);
+        unit_angles<V, true>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
         normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], ck, tk,
                                   u.out_base[k] + out_row * u.out_pitch[k]);
       }

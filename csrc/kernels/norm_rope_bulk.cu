@@ -144,13 +144,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
       if (!u.valid[k]) continue;
       const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d;
       float ck[V], tk[V];
-#pragma unroll
-      for (int i = 0; i < V; i += 4) {
-        const float4 c = *reinterpret_cast<const float4*>(cos_row + u.index[k] * V + i);
-        const float4 t = *reinterpret_cast<const float4*>(sin_row + u.index[k] * V + i);
-        ck[i] = c.x, ck[i + 1] = c.y, ck[i + 2] = c.z, ck[i + 3] = c.w;
-        tk[i] = t.x, tk[i + 1] = t.y, tk[i + 2] = t.z, tk[i + 3] = t.w;
-      }
+      unit_angles<V, false>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
       normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], ck, tk,
                                 u.out_base[k] + out_row * u.out_pitch[k]);
     }

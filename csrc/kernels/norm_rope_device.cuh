@@ -33,10 +33,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The vector path: the same math on 16-byte groups. A unit is two groups of V = 16 / sizeof(T)
-// elements that hold V whole RoPE pairs: for "interleaved" the adjacent groups at 2uV and
-// 2uV + V, for "half" the groups at uV and d/2 + uV; either way the pairs' angles are
-// cos/sin[uV .. uV + V). A thread holds kUnits units (norm_rope_vector_kernel below).
+// The vector path: the same math on 16-byte groups. A unit u of a head is two groups of V =
+// 16 / sizeof(T) elements, at uV and d/2 + uV, in both RoPE styles, so that a warp's lanes
+// read and write whole consecutive 16-byte groups (adjacent groups for "interleaved" left every
+// access half a sector: Nsight Compute counted 50% excess sectors). For "half" the groups are
+// partners: pair i of the unit is (a[i], b[i]) with angle uV + i. For "interleaved" each group
+// holds V/2 whole pairs of its own: group a's pair p has angle uV/2 + p, group b's d/4 + uV/2 + p
+// (unit_angles). A thread holds kUnits units.
 template <typename T>
 struct Group {
   static constexpr int kV = 16 / sizeof(T);
@@ -58,6 +61,46 @@ __device__ __forceinline__ uint4 pack(const float* f) {
   return v;
 }
 
+// n floats at p (a multiple of 4, or 2; p aligned to 4n bytes), through the read-only cache
+// when kGlobal, else plain loads (shared memory).
+template <int n, bool kGlobal>
+__device__ __forceinline__ void load_span(const float* p, float* f) {
+  if constexpr (n % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < n; i += 4) {
+      const float4 v = kGlobal ? __ldg(reinterpret_cast<const float4*>(p + i))
+                               : *reinterpret_cast<const float4*>(p + i);
+      f[i] = v.x, f[i + 1] = v.y, f[i + 2] = v.z, f[i + 3] = v.w;
+    }
+  } else {
+    static_assert(n % 2 == 0, "load_span: n must be even");
+#pragma unroll
+    for (int i = 0; i < n; i += 2) {
+      const float2 v = kGlobal ? __ldg(reinterpret_cast<const float2*>(p + i))
+                               : *reinterpret_cast<const float2*>(p + i);
+      f[i] = v.x, f[i + 1] = v.y;
+    }
+  }
+}
+
+// The V cosines and V sines of unit `index`, in the order normalise_rotate_store takes them:
+// rotate-half: angle index*V + i for pair i; interleaved: group a's V/2 pairs, then group b's
+// (the Unit comment above).
+template <int V, bool kGlobal>
+__device__ __forceinline__ void unit_angles(const float* cos_row, const float* sin_row, int index,
+                                            int d, bool half_style, float* ck, float* tk) {
+  if (half_style) {
+    load_span<V, kGlobal>(cos_row + index * V, ck);
+    load_span<V, kGlobal>(sin_row + index * V, tk);
+  } else {
+    const int a = index * (V / 2), b = d / 4 + index * (V / 2);
+    load_span<V / 2, kGlobal>(cos_row + a, ck);
+    load_span<V / 2, kGlobal>(cos_row + b, ck + V / 2);
+    load_span<V / 2, kGlobal>(sin_row + a, tk);
+    load_span<V / 2, kGlobal>(sin_row + b, tk + V / 2);
+  }
+}
+
 __device__ __forceinline__ void load_floats(const float* p, float* f, int n) {
   for (int i = 0; i < n; i += 4) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
@@ -69,14 +112,14 @@ __device__ __forceinline__ void load_floats(const float* p, float* f, int n) {
 }
 
 // Unit q of a token: its head, its index u in the head, and its two groups' offsets in the
-// head's row.
+// head's row (the same for both RoPE styles).
 template <int V>
 struct Unit {
-  __device__ __forceinline__ Unit(int q, int per_head_units, int d, bool half_style)
+  __device__ __forceinline__ Unit(int q, int per_head_units, int d)
       : head(q / per_head_units),
         index(q % per_head_units),
-        off_a(half_style ? index * V : 2 * index * V),
-        off_b(half_style ? d / 2 + index * V : 2 * index * V + V) {}
+        off_a(index * V),
+        off_b(d / 2 + index * V) {}
   int head, index, off_a, off_b;
 };
 
@@ -113,7 +156,7 @@ struct ThreadUnits {
     for (int k = 0; k < kUnits; ++k) {
       const int q = threadIdx.x + k * blockDim.x;
       valid[k] = q < units;
-      const Unit<V> unit(valid[k] ? q : 0, per_head_units, d, a.half_style);
+      const Unit<V> unit(valid[k] ? q : 0, per_head_units, d);
       head[k] = unit.head;
       index[k] = unit.index;
       off_a[k] = unit.off_a;
@@ -225,7 +268,7 @@ __device__ __forceinline__ void normalise_rotate_store(const NormRopeArgs& a, co
       oa[i] = fa[i] * ck[i] - fb[i] * tk[i];
       ob[i] = fa[i] * tk[i] + fb[i] * ck[i];
     }
-  } else {  // pairs (fa[0], fa[1]) .. (fb[V-2], fb[V-1]): pair p uses angle p
+  } else {  // pairs (fa[2p], fa[2p+1]) use angle p, (fb[2p], fb[2p+1]) angle V/2 + p
 #pragma unroll
     for (int p = 0; p < V / 2; ++p) {
       oa[2 * p] = fa[2 * p] * ck[p] - fa[2 * p + 1] * tk[p];
