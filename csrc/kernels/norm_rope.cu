@@ -88,20 +88,20 @@ __device__ __forceinline__ void load_token(const NormRopeArgs& a, int64_t token,
   }
 }
 
-// A block runs tokens blockIdx.x, blockIdx.x + gridDim.x, ...; while it normalises and stores
-// one token, the next token's groups are already being loaded into registers, and a token's
-// angles are loaded before its sums so their latency hides behind the reduction. Each thread
-// keeps kUnits units in registers from the load to the store, so x is read once. The sums are
-// deterministic and the same in every thread of a token: all_heads: per thread over its units,
-// a warp's butterfly, then the warps' partials in warp order; per_head: a butterfly over the
-// head's lanes, or per unit then in unit order through shared memory.
+// The register kernel: the vector path where the bulk-copy kernel (norm_rope_bulk.cu) does not
+// run (four units per thread, rows too large for its stages, GPUs before compute capability
+// 9.0). A block runs tokens blockIdx.x, blockIdx.x + gridDim.x, ...; while it normalises and
+// stores one token, the next token's groups are already being loaded into registers, and a
+// token's angles are loaded before its sums so their latency hides behind the reduction. Each
+// thread keeps kUnits units in registers from the load to the store, so x is read once; the
+// sums are unit_rstd's (the same order, so the same bits, as the bulk kernel).
 //
-// The next token's groups and the early angles take registers: at four units per thread (up to
-// 1024 threads, so at most 64 registers) they would spill, so that instantiation loads each
-// token after the last one's stores and its angles at the rotation (kPrefetch false). It still
-// spills part of the hoisted geometry (ptxas, sm_90: 350-380 bytes of stack); it serves only
-// tokens of more than 1024 units. Holding the next tokens in shared memory (cp.async) instead
-// of registers was measured slower (docs/BENCHMARK.md).
+// The next token's groups and the early angles take registers, which bounds the blocks per
+// multiprocessor (three of 160 threads for Wan on sm_90: why the bulk kernel, which holds the
+// next token in shared memory, is faster there). At four units per thread (up to 1024 threads,
+// so at most 64 registers) they would spill, so that instantiation loads each token after the
+// last one's stores and its angles at the rotation (kPrefetch false). It still spills part of
+// the hoisted geometry (ptxas, sm_90: 330-410 bytes of stack).
 template <typename T, int kUnits>
 __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRopeArgs a) {
   constexpr int V = Group<T>::kV;

@@ -13,8 +13,6 @@ constexpr int kRowsPerWarp = 4;
 
 struct alignas(16) Bytes16 { uint4 v; };
 
-// Sizes in elements of E (the widest of 16, 8, 4, 2, 1 bytes that divides every width, pitch
-// and address). A warp copies kRowsPerWarp rows at a time, its lanes striding along each row.
 // Row r's slice and row within it; 32-bit division where the rows fit (they do for any real
 // tensor: rows are b * tokens).
 __device__ __forceinline__ void split_row(int64_t row, int64_t height, int64_t& z, int64_t& y) {
