@@ -66,7 +66,10 @@ int main(int argc, char** argv) {
   const char* only = argc > 1 ? argv[1] : "";
   Case cases[] = {{"wan-720p P=1", 75600, 40, 128, false, false, 1},
                   {"hunyuan-720p P=1", 118800, 24, 128, true, true, 1},
-                  {"wan-720p P=8 (rank 0)", 9450, 40, 128, false, false, 8}};
+                  {"wan-720p P=2 (rank 0)", 37800, 40, 128, false, false, 2},
+                  {"wan-720p P=4 (rank 0)", 18900, 40, 128, false, false, 4},
+                  {"wan-720p P=8 (rank 0)", 9450, 40, 128, false, false, 8},
+                  {"hunyuan-720p P=8 (rank 0)", 14850, 24, 128, true, true, 8}};
   for (const Case& c : cases) {
     if (*only && !strstr(c.name, only)) continue;
     const int64_t n = c.s * c.N * c.d;
@@ -99,9 +102,9 @@ int main(int argc, char** argv) {
     const float sm = time_ms([&] { sm_copy<<<132 * 16, 256>>>((const uint4*)x, (uint4*)out, n * 2 / 16); });
     float pitched = 0;
     if (c.P > 1) {  // the own share of rank 0 by the pitched copy kernel and by cudaMemcpy2DAsync
-      PitchedCopy pc; pc.src = x; pc.dst = out; pc.width = hs * c.d * 2; pc.height = c.s; pc.depth = 1;
+      fast_ulysses::CopyDescriptor pc; pc.width = hs * c.d * 2; pc.height = c.s; pc.depth = 1;
       pc.src_pitch = c.N * c.d * 2; pc.dst_pitch = hs * c.d * 2; pc.src_slice_pitch = pc.src_pitch * c.s; pc.dst_slice_pitch = pc.dst_pitch * c.s;
-      pitched = time_ms([&] { launch_pitched_copy(pc, 0); });
+      pitched = time_ms([&] { launch_pitched_copy(pc, x, out, 0); });
       const float ce2d = time_ms([&] { cudaMemcpy2DAsync(out, pc.dst_pitch, x, pc.src_pitch, pc.width, c.s, cudaMemcpyDeviceToDevice, 0); });
       printf("  own share %.1f MB: pitched kernel %.4f ms (%.0f GB/s), cudaMemcpy2DAsync %.4f ms\n", pc.width * c.s / 1e6, pitched, 2.0 * pc.width * c.s / pitched / 1e6, ce2d);
     }

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
   const int64_t tokens = a.batch * a.s_local;
   const uint32_t row_bytes = static_cast<uint32_t>(a.heads * a.head_dim * sizeof(T));
   const uint32_t angle_bytes = static_cast<uint32_t>(half * sizeof(float));
-  const uint32_t stage_size = row_bytes + 2 * angle_bytes;
+  const uint32_t stage_size = static_cast<uint32_t>(stage_bytes(a, sizeof(T)));
   uint64_t* bars = reinterpret_cast<uint64_t*>(raw);
   unsigned char* stages = raw + kBarrierBytes;
   float* shared = reinterpret_cast<float*>(stages + kStages * stage_size);

@@ -61,29 +61,33 @@ pitched_copy_kernel(const E* __restrict__ src, E* __restrict__ dst, int64_t widt
 }
 
 template <typename E>
-cudaError_t launch(const PitchedCopy& c, int64_t es, cudaStream_t stream) {
+cudaError_t launch(const CopyDescriptor& c, const void* src, void* dst, int64_t es,
+                   cudaStream_t stream) {
   const int64_t rows = c.height * c.depth;
   const int64_t warps_needed = (rows + kRowsPerWarp - 1) / kRowsPerWarp;
   // Enough blocks to fill the device several times over; the grid-stride loop does the rest.
   const int64_t blocks = std::min<int64_t>((warps_needed + kWarps - 1) / kWarps, 65536);
   pitched_copy_kernel<E><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const E*>(c.src), static_cast<E*>(c.dst), c.width / es, c.height, rows,
+      static_cast<const E*>(src), static_cast<E*>(dst), c.width / es, c.height, rows,
       c.src_pitch / es, c.dst_pitch / es, c.src_slice_pitch / es, c.dst_slice_pitch / es);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_pitched_copy(const PitchedCopy& c, cudaStream_t stream) {
+cudaError_t launch_pitched_copy(const CopyDescriptor& c, const void* src_base, void* dst_base,
+                                cudaStream_t stream) {
   if (c.width <= 0 || c.height <= 0 || c.depth <= 0) return cudaSuccess;
+  const void* src = static_cast<const char*>(src_base) + c.src_offset;
+  void* dst = static_cast<char*>(dst_base) + c.dst_offset;
   const uint64_t all = static_cast<uint64_t>(c.width | c.src_pitch | c.dst_pitch |
                                              c.src_slice_pitch | c.dst_slice_pitch) |
-                       reinterpret_cast<uintptr_t>(c.src) | reinterpret_cast<uintptr_t>(c.dst);
-  if (all % 16 == 0) return launch<Bytes16>(c, 16, stream);
-  if (all % 8 == 0) return launch<uint64_t>(c, 8, stream);
-  if (all % 4 == 0) return launch<uint32_t>(c, 4, stream);
-  if (all % 2 == 0) return launch<uint16_t>(c, 2, stream);
-  return launch<uint8_t>(c, 1, stream);
+                       reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+  if (all % 16 == 0) return launch<Bytes16>(c, src, dst, 16, stream);
+  if (all % 8 == 0) return launch<uint64_t>(c, src, dst, 8, stream);
+  if (all % 4 == 0) return launch<uint32_t>(c, src, dst, 4, stream);
+  if (all % 2 == 0) return launch<uint16_t>(c, src, dst, 2, stream);
+  return launch<uint8_t>(c, src, dst, 1, stream);
 }
 
 }  // namespace fast_ulysses::kernels

@@ -123,18 +123,7 @@ void issue_copies(const std::vector<PeerCopy>& copies, cudaStream_t stream, bool
 void copy_by_kernel(const CopyDescriptor& descriptor, const char* src, char* dst,
                     cudaStream_t stream) {
   if (descriptor.bytes() == 0) return;
-  const CopyDescriptor c = coalesced(descriptor);
-  kernels::PitchedCopy copy;
-  copy.src = src + c.src_offset;
-  copy.dst = dst + c.dst_offset;
-  copy.width = c.width;
-  copy.height = c.height;
-  copy.depth = c.depth;
-  copy.src_pitch = c.src_pitch;
-  copy.dst_pitch = c.dst_pitch;
-  copy.src_slice_pitch = c.src_slice_pitch;
-  copy.dst_slice_pitch = c.dst_slice_pitch;
-  FU_CUDA_CHECK(kernels::launch_pitched_copy(copy, stream));
+  FU_CUDA_CHECK(kernels::launch_pitched_copy(coalesced(descriptor), src, dst, stream));
 }
 
 }  // namespace fast_ulysses::transport

@@ -12,12 +12,14 @@ Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N pass
   captured     an owned fused call captured in a CUDA graph, replayed with fresh inputs
   compiled     torch.compile(fullgraph=True) of a fused call (traced through its Meta kernel)
   eager_reuse  100 calls back to back on one tag, each checked
-  kernel_paths every kernel: the 16-byte vector path fed by bulk copies (1 and 2 units per
-               thread; bf16, fp16, fp32), the vector path that prefetches into registers (4
-               units per thread, and rows too large for the bulk copies' stages), and the
-               scalar path (a head_dim that is not a whole number of 16-byte pairs of groups,
-               an input not 16-byte aligned). Paths as on compute capability 9.0 or newer;
-               older GPUs run the register kernel where these say bulk
+  kernel_paths every kernel, each case checked against the reference and, on rank 0, against
+               the kernel torch.profiler saw launched (name, element type, units per thread):
+               the 16-byte vector kernel fed by bulk copies (1 and 2 units per thread; bf16,
+               fp16, fp32), the vector kernel that prefetches into registers (4 units per
+               thread, and rows too large for the bulk copies' stages at 1 and 2 units), and
+               the scalar kernel (a head_dim that is not a whole number of 16-byte pairs of
+               groups, an input not 16-byte aligned). Below compute capability 9.0 the register
+               kernel is expected where these say bulk
   refusals     bad arguments raise the C++ rule's ValueError before anything is sent; an input
                that requires grad is refused
 """
@@ -25,8 +27,10 @@ Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N pass
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,6 +44,7 @@ from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference, \
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multirank import Report  # noqa: E402
+from profiling import activities, init_profiler_for_graphs, kernel_names  # noqa: E402
 
 CHECKS = ("matrix", "qk_pair", "captured", "compiled", "eager_reuse", "kernel_paths", "refusals")
 D = 64
@@ -73,6 +78,21 @@ def make_args(P, rank, dtype, layout, norm, seed, device, batch=2, d=D, total_he
     weight = torch.rand(N * d if norm == "all_heads" else d, generator=g) + 0.5
     angles = [torch.rand(seq[r], d // 2, generator=g) * 6.28 for r in range(P)]
     return xs, weight, angles, seq, heads
+
+
+# The kernels' element types as their template arguments print in a kernel's name.
+KERNEL_TYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float32: "float"}
+
+
+def kernel_pattern(kernel: str, dtype, units: int) -> str:
+    """A regular expression for the name of the fused kernel `kernel` ("bulk", "register" or
+    "scalar") instantiated for dtype and `units` units per thread."""
+    t = re.escape(KERNEL_TYPES[dtype])
+    if kernel == "bulk":
+        return rf"norm_rope_bulk_kernel<\s*{t}\s*,\s*{units}\s*,"
+    if kernel == "register":
+        return rf"norm_rope_vector_kernel<\s*{t}\s*,\s*{units}\s*>"
+    return rf"norm_rope_kernel<\s*{t}\s*>"
 
 
 def ulp_at(want: torch.Tensor) -> torch.Tensor:
@@ -219,43 +239,63 @@ class Checker:
         return "eager_reuse: 100 calls on one tag back to back (owned and borrowed), each checked"
 
     def kernel_paths(self) -> str:
-        # (label, dtype, d, heads, unaligned). A unit is two 16-byte groups: d / 16 per head
-        # for 2-byte types, d / 8 for fp32. Up to 256 units a token, a thread holds 1; up to
-        # 1024, 2; more, 4 (register kernel). The bulk-copy kernel takes 1 or 2 units a thread
-        # where two stages of a token row (plus its angles and sums) fit in 48 KiB.
-        cases = [("bulk vector bf16 d=64, 1 unit/thread", torch.bfloat16, 64, None, False),
-                 ("bulk vector fp16 d=128, 2 units/thread, 160 threads",
-                  torch.float16, 128, 40, False),
-                 ("bulk vector bf16 d=128, 2 units/thread, 320 threads",
-                  torch.bfloat16, 128, 80, False),
-                 ("register vector bf16 d=128, 4 units/thread", torch.bfloat16, 128, 136, False),
-                 ("register vector fp32 d=128, 2 units/thread (24 KiB rows: too large for "
-                  "the bulk stages)", torch.float32, 128, 48, False),
-                 ("bulk vector fp32 d=8", torch.float32, 8, None, False),
-                 ("scalar bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False),
-                 ("bulk vector bf16 d=96 (6 units a head: sums through shared memory)",
-                  torch.bfloat16, 96, None, False),
-                 ("scalar fp32 d=6", torch.float32, 6, None, False),
-                 ("scalar bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True)]
+        # (label, dtype, d, heads, unaligned, (kernel, units per thread)). A unit is two 16-byte
+        # groups: d / 16 per head for 2-byte types, d / 8 for fp32. Up to 256 units a token, a
+        # thread holds 1; up to 1024, 2; more, 4 (register kernel). The bulk-copy kernel takes
+        # 1 or 2 units a thread where two stages of a token row (plus its angles and sums) fit
+        # in 48 KiB.
+        cases = [("bf16 d=64", torch.bfloat16, 64, None, False, ("bulk", 1)),
+                 ("fp16 d=128, 160 threads", torch.float16, 128, 40, False, ("bulk", 2)),
+                 ("bf16 d=128, 320 threads", torch.bfloat16, 128, 80, False, ("bulk", 2)),
+                 ("bf16 d=128, 136 heads", torch.bfloat16, 128, 136, False, ("register", 4)),
+                 ("fp32 d=128, 48 heads (24 KiB rows: too large for the bulk stages)",
+                  torch.float32, 128, 48, False, ("register", 2)),
+                 ("bf16 d=4096, one head (16 KiB of angles a token: too large for the bulk "
+                  "stages)", torch.bfloat16, 4096, 1, False, ("register", 1)),
+                 ("fp32 d=8", torch.float32, 8, None, False, ("bulk", 1)),
+                 ("bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False, ("scalar", 0)),
+                 ("bf16 d=96 (6 units a head: sums through shared memory)", torch.bfloat16, 96,
+                  None, False, ("bulk", 1)),
+                 ("fp32 d=6", torch.float32, 6, None, False, ("scalar", 0)),
+                 ("bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True,
+                  ("scalar", 0))]
+        bulk_here = torch.cuda.get_device_capability(self.device)[0] >= 9
         n = 0
-        for label, dtype, d, total_heads, unaligned in cases:
-            for norm, style, borrowed in itertools.product(NORMS, ROPE_STYLES, (False, True)):
-                xs, w, angles, seq, heads = make_args(self.P, self.rank, dtype, "bshd", norm,
-                                                      seed=9000 + n, device=self.device, d=d,
-                                                      total_heads=total_heads)
-                x = xs[self.rank].to(self.device)
-                if unaligned:  # contiguous, one element into its storage
-                    flat = torch.empty(x.numel() + 1, dtype=dtype, device=self.device)
-                    x = flat[1:].view(x.shape).copy_(x)
-                    assert x.is_contiguous() and x.data_ptr() % 16 != 0
-                got = self.call(x, w, angles[self.rank], "k", norm, style, "bshd", seq, heads,
-                                borrowed).cpu()
-                want = expected(xs, w, angles, norm, style, "bshd", seq, heads, self.rank)
-                miss = worst_miss(got, want)
-                assert miss is None, (f"rank {self.rank}: {label}, {norm} {style} "
-                                      f"borrowed={borrowed}: {miss}")
-                n += 1
-        return f"kernel_paths: {n} cases over the bulk, register and scalar kernels within one ulp"
+        for label, dtype, d, total_heads, unaligned, (kernel, units) in cases:
+            if kernel == "bulk" and not bulk_here:
+                kernel = "register"
+            label = f"{kernel} kernel, {units} units/thread, {label}"
+            # Rank 0 alone profiles (profiling.py says why).
+            profiling = torch.profiler.profile(activities=activities()) if self.rank == 0 \
+                else contextlib.nullcontext()
+            with profiling as prof:
+                for norm, style, borrowed in itertools.product(NORMS, ROPE_STYLES,
+                                                               (False, True)):
+                    xs, w, angles, seq, heads = make_args(
+                        self.P, self.rank, dtype, "bshd", norm, seed=9000 + n,
+                        device=self.device, d=d, total_heads=total_heads)
+                    x = xs[self.rank].to(self.device)
+                    if unaligned:  # contiguous, one element into its storage
+                        flat = torch.empty(x.numel() + 1, dtype=dtype, device=self.device)
+                        x = flat[1:].view(x.shape).copy_(x)
+                        assert x.is_contiguous() and x.data_ptr() % 16 != 0
+                    got = self.call(x, w, angles[self.rank], "k", norm, style, "bshd", seq,
+                                    heads, borrowed).cpu()
+                    want = expected(xs, w, angles, norm, style, "bshd", seq, heads, self.rank)
+                    miss = worst_miss(got, want)
+                    assert miss is None, (f"rank {self.rank}: {label}, {norm} {style} "
+                                          f"borrowed={borrowed}: {miss}")
+                    n += 1
+                torch.cuda.synchronize()
+            if self.rank == 0:
+                fused = [nm for nm in kernel_names(prof) if "norm_rope" in nm]
+                wrong = [nm for nm in fused if not re.search(kernel_pattern(kernel, dtype,
+                                                                            units), nm)]
+                assert fused and not wrong, (
+                    f"rank 0: {label}: expected only {kernel_pattern(kernel, dtype, units)!r}, "
+                    f"the profiler saw {sorted(set(fused)) or 'no fused kernel'}")
+        return (f"kernel_paths: {n} cases over the bulk, register and scalar kernels within one "
+                f"ulp, each launching the kernel expected (rank 0's profile)")
 
     def refusals(self) -> str:
         xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
@@ -301,6 +341,8 @@ def main() -> int:
     rank, P = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
+    if rank == 0 and "kernel_paths" in chosen and "captured" in chosen:
+        init_profiler_for_graphs(device)  # before the capture of "captured"
     start = time.time()
     report = Report(rank)
     group = fu.UlyssesGroup(dist.group.WORLD, 1 << 20)

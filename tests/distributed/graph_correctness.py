@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import a2a_checks  # noqa: E402
 from a2a_checks import Case, balanced  # noqa: E402
 from multirank import Report  # noqa: E402
+from profiling import (NOT_KERNELS, activities, device_activity,  # noqa: E402
+                       init_profiler_for_graphs)
 
 import fast_ulysses as fu  # noqa: E402
 
@@ -631,19 +633,6 @@ def check_compile_reduce_overhead(ctx: Ctx) -> str:
 
 # -- g: zero SM ---------------------------------------------------------------------------------
 
-_NOT_KERNELS = ("Memcpy", "Memset", "Runtime Triggered Module Loading", "Lazy Function Loading")
-
-
-def _device_activity(prof) -> list[str]:
-    """Names of the device-side (CUDA) activities the profiler recorded."""
-    from torch.autograd import DeviceType
-    try:
-        return [e.name() for e in prof.profiler.kineto_results.events()
-                if e.device_type() == DeviceType.CUDA]
-    except AttributeError:
-        return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-
-
 @check("g")
 def check_zero_sm_kernels(ctx: Ctx) -> str:
     """torch.profiler (CPU + CUDA) around 20 eager borrowed calls and 20 replays of a graph of
@@ -670,10 +659,8 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
 
     n = 20
     ctx.where = "profiled calls"
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    # Rank 0 alone profiles: with four or more processes profiling one GPU at once, CUPTI left
-    # some of them with no device activity at all. The others make the same calls unprofiled.
-    profiling = torch.profiler.profile(activities=activities) if rank == 0 else \
+    # Rank 0 alone profiles (profiling.py says why); the others make the same calls unprofiled.
+    profiling = torch.profiler.profile(activities=activities()) if rank == 0 else \
         contextlib.nullcontext()
     with profiling as prof:
         for _ in range(n):
@@ -690,9 +677,9 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
     if rank != 0:
         finish(group)
         return "census on rank 0"
-    names = _device_activity(prof)
-    kernels = Counter(nm for nm in names if not nm.startswith(_NOT_KERNELS))
-    other = Counter(nm for nm in names if nm.startswith(_NOT_KERNELS))
+    names = device_activity(prof)
+    kernels = Counter(nm for nm in names if not nm.startswith(NOT_KERNELS))
+    other = Counter(nm for nm in names if nm.startswith(NOT_KERNELS))
     not_copy = {nm: k for nm, k in kernels.items() if "copy" not in nm.lower()}
     n_kernels = sum(kernels.values())
     summary = [f"{calls} calls ({n} eager borrowed, {n} replays x 3): {n_kernels} kernels, "
@@ -726,16 +713,6 @@ def select(only: list[str]) -> list:
         raise SystemExit(f"--only {','.join(wanted)}: unknown {unknown}; checks: "
                          f"{', '.join(f'{n} ({lt})' for n, lt, _ in CHECKS)}")
     return chosen
-
-
-def init_profiler_for_graphs(device) -> None:
-    """torch's workaround for CUPTI and CUDA graphs (pytorch#75504): initialize CUPTI before
-    any capture and never tear it down (TEARDOWN_CUPTI=0 must be set before the first use)."""
-    os.environ.setdefault("TEARDOWN_CUPTI", "0")
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities):
-        torch.ones(1, device=device).add_(1)
-        torch.cuda.synchronize()
 
 
 def main(args) -> int:
