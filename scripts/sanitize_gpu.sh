@@ -49,7 +49,8 @@ failed=0
 for worker in $WORKERS; do
   case $worker in
     a2a) script=(tests/distributed/a2a_correctness.py --shared-gpu --iterations "$ITERATIONS") ;;
-    fused) script=(tests/distributed/fused_correctness.py --shared-gpu) ;;  # --only for memcheck
+    # --only for memcheck; no torch.profiler (CUPTI) beside the sanitizer
+    fused) script=(tests/distributed/fused_correctness.py --shared-gpu --no-kernel-names) ;;
     *) echo "sanitize: WORKERS has '$worker': each must be a2a or fused" >&2; exit 2 ;;
   esac
   for tool in $TOOLS; do
