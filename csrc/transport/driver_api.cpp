@@ -28,7 +28,6 @@ const DriverApi& DriverApi::get() {
   static const DriverApi api = [] {
     DriverApi resolved;
     resolve("cuStreamBatchMemOp", resolved.stream_batch_mem_op);
-    resolve("cuGraphNodeGetType", resolved.graph_node_get_type);
     return resolved;
   }();
   return api;

@@ -11,9 +11,6 @@ struct DriverApi {
   // cuStreamBatchMemOp (the v2 ABI of CUDA 12+): capturable, fewer than 256 ops per call.
   CUresult (*stream_batch_mem_op)(CUstream, unsigned int, CUstreamBatchMemOpParams*,
                                   unsigned int) = nullptr;
-  // cuGraphNodeGetType: the runtime's cudaGraphNodeGetType fails (cudaErrorUnknown, on the
-  // H200's driver) on a batch memop node, a type the runtime API has no name for.
-  CUresult (*graph_node_get_type)(CUgraphNode, CUgraphNodeType*) = nullptr;
 
   // Resolves once per process; throws (c10::Error) naming the missing entry point.
   static const DriverApi& get();

@@ -5,7 +5,6 @@
 #include <exception>
 
 #include "transport/cuda_check.h"
-#include "transport/driver_api.h"
 
 namespace fast_ulysses::transport {
 namespace {
@@ -103,13 +102,10 @@ EagerGraphs::Entry EagerGraphs::capture(const char* x, int64_t x_bytes,
   std::vector<cudaGraphNode_t> nodes(count);
   FU_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
   for (cudaGraphNode_t node : nodes) {
-    CUgraphNodeType type;
-    if (DriverApi::get().graph_node_get_type(node, &type) != CUDA_SUCCESS) {
-      release(entry);
-      return entry;
-    }
-    if (type == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP) continue;
-    if (type != CU_GRAPH_NODE_TYPE_MEMCPY) {  // a kernel (rows the copy engines are not given)
+    cudaGraphNodeType type;
+    FU_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (static_cast<int>(type) == static_cast<int>(CU_GRAPH_NODE_TYPE_BATCH_MEM_OP)) continue;
+    if (type != cudaGraphNodeTypeMemcpy) {  // a kernel (rows the copy engines are not given)
       release(entry);
       return entry;
     }
