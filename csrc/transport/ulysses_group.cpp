@@ -64,8 +64,7 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       copy_batch_(copy_batch_enabled()),
       profile_(host_profile_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
-      handshake_(pool_.rank(), pool_.headers()),
-      eager_graphs_(eager_graphs_enabled()) {
+      handshake_(pool_.rank(), pool_.headers()) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
   watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), handshake_,
@@ -110,11 +109,10 @@ const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool 
   return *window;
 }
 
-// Opening handshake of a call on `slot`, one batch on M (or on a stream capturing M's part of
-// a call, eager_graph.h): release my window (its previous
+// Opening handshake of a call on `slot`, one batch on M: release my window (its previous
 // contents were read on C, joined into M, or copied out earlier on M), then acquire every
 // peer's: wait until it released what I last wrote there, and mark it held again.
-void UlyssesGroup::open(int slot, bool owned, cudaStream_t stream) {
+void UlyssesGroup::open(int slot, bool owned) {
   const int P = world_size();
   for (int k = 1; k < P; ++k)
     batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeld), 0);
@@ -125,7 +123,7 @@ void UlyssesGroup::open(int slot, bool owned, cudaStream_t stream) {
     batch_.write(handshake_.mine(slot, Word::kHeld, peer), 1);
     if (owned) batch_.write(handshake_.mine(slot, Word::kHeldOwned, peer), 1);
   }
-  batch_.issue(stream);
+  batch_.issue(comm_);
 }
 
 // One full round on (slot, word), added to the batch: write 1 into every peer's word about me
@@ -142,13 +140,13 @@ void UlyssesGroup::full_round(int slot, Word word) {
 
 // Closing handshake, one batch on M after my copies: every peer's chunk has landed here and
 // mine in every peer's window.
-void UlyssesGroup::close(int slot, cudaStream_t stream) {
+void UlyssesGroup::close(int slot) {
   full_round(slot, Word::kLanded);
-  batch_.issue(stream);
+  batch_.issue(comm_);
 }
 
 void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                               cudaStream_t stream, bool batch) {
+                               bool capturing) {
   const char* src = static_cast<const char*>(x.const_data_ptr());
   const int P = world_size();
   std::vector<PeerCopy> copies;
@@ -157,29 +155,7 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
     const int peer = (rank() + k) % P;
     copies.push_back({&plan.copies[peer], src, window.peers[peer]});
   }
-  issue_copies(copies, stream, batch);
-}
-
-void UlyssesGroup::issue_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                                int slot, bool owned, bool deferred, bool capturing) {
-  const auto issue = [&](cudaStream_t stream, bool batch) {
-    open(slot, owned, stream);
-    send_remote(x, plan, window, stream, batch);
-    if (!deferred) close(slot, stream);
-  };
-  if (!capturing) {  // (under the caller's own capture the work goes into its graph as is)
-    const char* src = static_cast<const char*>(x.const_data_ptr());
-    EagerGraphs::Key key = {slot, owned, deferred,
-                            static_cast<int64_t>(reinterpret_cast<uintptr_t>(src) % 16)};
-    for (const char* peer : window.peers) key.push_back(reinterpret_cast<intptr_t>(peer));
-    for (const CopyDescriptor& c : plan.copies)
-      key.insert(key.end(), {c.src_offset, c.dst_offset, c.width, c.height, c.depth,
-                             c.src_pitch, c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
-    if (eager_graphs_.launch(key, src, static_cast<int64_t>(x.nbytes()), comm_,
-                             [&](cudaStream_t stream) { issue(stream, false); }))
-      return;
-  }
-  issue(comm_, copy_batch_ && !capturing);
+  issue_copies(copies, comm_, copy_batch_ && !capturing);
 }
 
 void UlyssesGroup::check_device(const at::Tensor& x) const {
@@ -210,13 +186,12 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   profile_.mark(Stage::kSetup);
   if (peers) {
     events_.join(caller, comm_);
+    open(tag.slot, owned);
+    profile_.mark(Stage::kOpen);
     if (fused) {
-      open(tag.slot, owned, comm_);
-      profile_.mark(Stage::kOpen);
       launch_fused(*fused, window.peers, comm_);
-    } else {  // the closing handshake too: on M it needs nothing from the own share on C
-      profile_.mark(Stage::kOpen);
-      issue_remote(x, plan, window, tag.slot, owned, deferred, in_capture);
+    } else {
+      send_remote(x, plan, window, in_capture);
     }
     profile_.mark(Stage::kSend);
   }
@@ -243,7 +218,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
     profile_.end_call();
     return out;
   }
-  if (fused) close(tag.slot, comm_);
+  close(tag.slot);
   profile_.mark(Stage::kClose);
   if (owned) finish_owned(out, plan, window, tag.slot, fused != nullptr);
   join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
@@ -350,10 +325,7 @@ std::vector<std::pair<std::string, int64_t>> UlyssesGroup::stats() const {
           {"segments", pool_.segments()},
           {"sealed", pool_.sealed() ? 1 : 0},
           {"tags", static_cast<int64_t>(tags_.size())},
-          {"deferred", deferred},
-          {"graph_calls", eager_graphs_.launches()},
-          {"graph_signatures", eager_graphs_.signatures(true)},
-          {"eager_only_signatures", eager_graphs_.signatures(false)}};
+          {"deferred", deferred}};
 }
 
 }  // namespace fast_ulysses::transport
