@@ -1,7 +1,7 @@
 // The fused QK RMSNorm + RoPE kernel timed alone, without torch, beside the copy ceilings of the
 // same bytes: the device's memcpy (what the plain borrowed call costs at P = 1) and a plain
 // 16-byte SM copy kernel. Each case is checked against the scalar kernel (worst difference in
-// bf16 ulps); for the P = 8 case it also times rank 0's own share by the pitched copy kernel
+// bf16 ulps); for the P > 1 cases it also times rank 0's own share by the pitched copy kernel
 // and by cudaMemcpy2DAsync. From the repository root:
 //
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Icsrc benchmarks/norm_rope_probe.cu \
