@@ -2,7 +2,8 @@
 ranks, fast-ulysses copy and borrowed: device time per call (CUDA events over back-to-back
 calls) and host CPU microseconds per call (issue time, no synchronize inside the loop).
 `borrowed-op` calls the op directly (torch.ops.fast_ulysses...), without the Python method: the
-difference to `borrowed` is the wrapper's cost. With FAST_ULYSSES_HOST_PROFILE=1 it also prints
+difference to `borrowed` is the wrapper's cost. Each row also says how many of its calls were
+launched from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS). With FAST_ULYSSES_HOST_PROFILE=1 it also prints
 where the host time goes, stage by stage (the slowest rank's microseconds per call).
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
@@ -93,11 +94,17 @@ def main() -> None:
             ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
             ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True,
                                        rank))):
+        launched = group.stats().get("graph_calls", 0)  # (older trees have no such count)
         ms, us = measure(call, args.iters, warmup=3, after_warmup=reset,
                          staggered=args.staggered)
+        launched = group.stats().get("graph_calls", 0) - launched
         stats = torch.tensor([ms, us], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        results[name] = {"ms_per_call": stats[0].item(), "host_us_per_call": stats[1].item()}
+        fewest = torch.tensor([launched], dtype=torch.int64)
+        dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
+        results[name] = {"ms_per_call": stats[0].item(), "host_us_per_call": stats[1].item(),
+                         "calls": 3 + 5 * args.iters,  # warm-up and timed, per rank
+                         "graph_calls_fewest_rank": int(fewest.item())}
         if profiling:
             stages = group._host_profile()["us_per_call"]
             t = torch.tensor(list(stages.values()), dtype=torch.float64)
@@ -114,7 +121,9 @@ def main() -> None:
             ms = r["ms_per_call"]
             device = "n/a ms/call" if math.isnan(ms) else \
                 f"{ms:.3f} ms/call (slowest rank), {sent / ms / 1e6:.0f} GB/s per rank"
-            print(f"  {name:11s} {r['host_us_per_call']:.1f} us host CPU/call, {device}")
+            print(f"  {name:11s} {r['host_us_per_call']:.1f} us host CPU/call, {device}; "
+                  f"{r['graph_calls_fewest_rank']} of {r['calls']} calls launched from cached "
+                  "graphs (fewest on any rank)")
             if "host_us_by_stage" in r:
                 print("            host us by stage: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items()))

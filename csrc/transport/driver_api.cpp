@@ -7,7 +7,7 @@
 namespace fast_ulysses::transport {
 namespace {
 
-// The ABI version of the entry points we call: cuStreamBatchMemOp's v2 form, CUDA 12.0+.
+// The ABI version of the entry points we call (cuStreamBatchMemOp's v2 form): CUDA 12.0+.
 constexpr unsigned int kEntryPointVersion = 12000;
 
 template <typename Fn>
@@ -28,6 +28,7 @@ const DriverApi& DriverApi::get() {
   static const DriverApi api = [] {
     DriverApi resolved;
     resolve("cuStreamBatchMemOp", resolved.stream_batch_mem_op);
+    resolve("cuPointerGetAttribute", resolved.pointer_get_attribute);
     return resolved;
   }();
   return api;

@@ -11,6 +11,8 @@ struct DriverApi {
   // cuStreamBatchMemOp (the v2 ABI of CUDA 12+): capturable, fewer than 256 ops per call.
   CUresult (*stream_batch_mem_op)(CUstream, unsigned int, CUstreamBatchMemOpParams*,
                                   unsigned int) = nullptr;
+  // cuPointerGetAttribute: an allocation's process-wide unique buffer ID (eager_graph.h).
+  CUresult (*pointer_get_attribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
 
   // Resolves once per process; throws (c10::Error) naming the missing entry point.
   static const DriverApi& get();

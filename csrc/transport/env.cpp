@@ -48,6 +48,11 @@ bool copy_batch_enabled() {
                       "1 (one batched copy call per handshake) or 0 (a call per copy)");
 }
 
+bool eager_graphs_enabled() {
+  return switch_value("FAST_ULYSSES_EAGER_GRAPHS", true,
+                      "1 (eager calls replayed from cached CUDA graphs) or 0 (call by call)");
+}
+
 bool host_profile_enabled() {
   return switch_value("FAST_ULYSSES_HOST_PROFILE", false,
                       "0 (off) or 1 (time each stage of every call on the host)");

@@ -20,6 +20,10 @@ WatchdogSettings watchdog_settings();
 // cudaMemcpy3DBatchAsync, or one copy call per peer (for A/B measurements).
 bool copy_batch_enabled();
 
+// FAST_ULYSSES_EAGER_GRAPHS=1 (default) | 0: issue the communication-stream part of an eager
+// call from a CUDA graph cached per call signature (eager_graph.h), or call by call.
+bool eager_graphs_enabled();
+
 // FAST_ULYSSES_HOST_PROFILE=0 (default) | 1: time each stage of every call on the host
 // (UlyssesGroup's host_profile op reads the sums).
 bool host_profile_enabled();

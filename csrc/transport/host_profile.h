@@ -15,10 +15,11 @@ namespace fast_ulysses::transport {
 enum class Stage {
   kPlan,      // op entry: group lookup, rank and input checks, plan cache
   kSetup,     // capture check, tag, window, result tensor
-  kOpen,      // fork into M, opening handshake batch
-  kSend,      // remote copies
+  kOpen,      // fork into M (and the opening handshake batch of a fused call)
+  kSend,      // opening handshake, remote copies and closing handshake (eager_graph.h: one
+              // graph launch, or call by call); a fused call: its kernel
   kOwnShare,  // this rank's own share, on the caller's stream
-  kClose,     // closing handshake batch
+  kClose,     // a fused call's closing handshake batch
   kFinish,    // owned: collect copies and release; both: events, joins, watchdog
   kCount
 };

@@ -64,7 +64,8 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       copy_batch_(copy_batch_enabled()),
       profile_(host_profile_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
-      handshake_(pool_.rank(), pool_.headers()) {
+      handshake_(pool_.rank(), pool_.headers()),
+      eager_graphs_(eager_graphs_enabled()) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
   watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), handshake_,
@@ -109,10 +110,11 @@ const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool 
   return *window;
 }
 
-// Opening handshake of a call on `slot`, one batch on M: release my window (its previous
+// Opening handshake of a call on `slot`, one batch on M (or on a stream capturing M's part of
+// a call, eager_graph.h): release my window (its previous
 // contents were read on C, joined into M, or copied out earlier on M), then acquire every
 // peer's: wait until it released what I last wrote there, and mark it held again.
-void UlyssesGroup::open(int slot, bool owned) {
+void UlyssesGroup::open(int slot, bool owned, cudaStream_t stream) {
   const int P = world_size();
   for (int k = 1; k < P; ++k)
     batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeld), 0);
@@ -123,7 +125,7 @@ void UlyssesGroup::open(int slot, bool owned) {
     batch_.write(handshake_.mine(slot, Word::kHeld, peer), 1);
     if (owned) batch_.write(handshake_.mine(slot, Word::kHeldOwned, peer), 1);
   }
-  batch_.issue(comm_);
+  batch_.issue(stream);
 }
 
 // One full round on (slot, word), added to the batch: write 1 into every peer's word about me
@@ -140,13 +142,13 @@ void UlyssesGroup::full_round(int slot, Word word) {
 
 // Closing handshake, one batch on M after my copies: every peer's chunk has landed here and
 // mine in every peer's window.
-void UlyssesGroup::close(int slot) {
+void UlyssesGroup::close(int slot, cudaStream_t stream) {
   full_round(slot, Word::kLanded);
-  batch_.issue(comm_);
+  batch_.issue(stream);
 }
 
 void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                               bool capturing) {
+                               cudaStream_t stream, bool batch) {
   const char* src = static_cast<const char*>(x.const_data_ptr());
   const int P = world_size();
   std::vector<PeerCopy> copies;
@@ -155,7 +157,28 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
     const int peer = (rank() + k) % P;
     copies.push_back({&plan.copies[peer], src, window.peers[peer]});
   }
-  issue_copies(copies, comm_, copy_batch_ && !capturing);
+  issue_copies(copies, stream, batch);
+}
+
+void UlyssesGroup::issue_remote(const at::Tensor& x, const Plan& plan, const Window& window,
+                                int slot, bool owned, bool deferred, bool capturing) {
+  const auto issue = [&](cudaStream_t stream, bool batch) {
+    open(slot, owned, stream);
+    send_remote(x, plan, window, stream, batch);
+    if (!deferred) close(slot, stream);
+  };
+  if (!capturing) {  // (under the caller's own capture the work goes into its graph as is)
+    EagerGraphs::Key signature = {slot, owned, deferred};
+    for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
+    for (const CopyDescriptor& c : plan.copies)
+      signature.insert(signature.end(),
+                       {c.src_offset, c.dst_offset, c.width, c.height, c.depth, c.src_pitch,
+                        c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
+    if (eager_graphs_.launch(signature, static_cast<const char*>(x.const_data_ptr()), comm_,
+                             [&](cudaStream_t stream) { issue(stream, false); }))
+      return;
+  }
+  issue(comm_, copy_batch_ && !capturing);
 }
 
 void UlyssesGroup::check_device(const at::Tensor& x) const {
@@ -186,12 +209,13 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   profile_.mark(Stage::kSetup);
   if (peers) {
     events_.join(caller, comm_);
-    open(tag.slot, owned);
-    profile_.mark(Stage::kOpen);
     if (fused) {
+      open(tag.slot, owned, comm_);
+      profile_.mark(Stage::kOpen);
       launch_fused(*fused, window.peers, comm_);
-    } else {
-      send_remote(x, plan, window, in_capture);
+    } else {  // the closing handshake too: on M it needs nothing from the own share on C
+      profile_.mark(Stage::kOpen);
+      issue_remote(x, plan, window, tag.slot, owned, deferred, in_capture);
     }
     profile_.mark(Stage::kSend);
   }
@@ -218,7 +242,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
     profile_.end_call();
     return out;
   }
-  close(tag.slot);
+  if (fused) close(tag.slot, comm_);
   profile_.mark(Stage::kClose);
   if (owned) finish_owned(out, plan, window, tag.slot, fused != nullptr);
   join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
@@ -325,7 +349,10 @@ std::vector<std::pair<std::string, int64_t>> UlyssesGroup::stats() const {
           {"segments", pool_.segments()},
           {"sealed", pool_.sealed() ? 1 : 0},
           {"tags", static_cast<int64_t>(tags_.size())},
-          {"deferred", deferred}};
+          {"deferred", deferred},
+          {"graph_calls", eager_graphs_.launches()},
+          {"graphs_cached", eager_graphs_.graphs()},
+          {"eager_only_signatures", eager_graphs_.eager_only()}};
 }
 
 }  // namespace fast_ulysses::transport

@@ -25,6 +25,7 @@
 
 #include "plan/plan.h"
 #include "kernels/norm_rope.h"
+#include "transport/eager_graph.h"
 #include "transport/event_pool.h"
 #include "transport/handshake.h"
 #include "transport/host_profile.h"
@@ -94,10 +95,15 @@ class UlyssesGroup {
 
   TagState& tag_state(const std::string& tag);
   const Window& window_for(const TagState& tag, int64_t bytes, bool capturing);
-  void open(int slot, bool owned);  // on comm_
-  void close(int slot);             // on comm_
+  void open(int slot, bool owned, cudaStream_t stream);  // comm_, or a stream being captured
+  void close(int slot, cudaStream_t stream);
   void full_round(int slot, Word word);  // adds to batch_
-  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, bool capturing);
+  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
+                   cudaStream_t stream, bool batch);
+  // Opening handshake, peer copies and (unless deferred) closing handshake on comm_, from a
+  // cached graph where the call's signature allows (eager_graph.h), else call by call.
+  void issue_remote(const at::Tensor& x, const Plan& plan, const Window& window, int slot,
+                    bool owned, bool deferred, bool capturing);
   void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                 cudaStream_t caller);
   void launch_fused(FusedNormRope& fused, const std::vector<char*>& windows, cudaStream_t stream);
@@ -119,6 +125,7 @@ class UlyssesGroup {
   std::unordered_map<std::string, TagState> tags_;
   std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans_;
   MemOpBatch batch_;  // reused: its storage stays allocated between calls
+  EagerGraphs eager_graphs_;  // FAST_ULYSSES_EAGER_GRAPHS
   uint64_t barriers_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
 };

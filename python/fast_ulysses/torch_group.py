@@ -143,11 +143,13 @@ class TorchUlyssesGroup:
     def stats(self) -> dict:
         """`UlyssesGroup.stats()`'s keys, for code that reads either group. There is no window
         pool here, so `pool_bytes`, `used_bytes` and `segments` are 0, `sealed` is False
-        (`reserve()` only validates) and `deferred` is 0 (no call is ever deferred); `tags` is
-        the number of distinct tags called so far, as on UlyssesGroup."""
+        (`reserve()` only validates), `deferred` is 0 (no call is ever deferred) and the graph
+        counts are 0 (no call is issued from a cached graph); `tags` is the number of distinct
+        tags called so far, as on UlyssesGroup."""
         self._check_alive()
         return {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
-                "tags": len(self._tags), "deferred": 0}
+                "tags": len(self._tags), "deferred": 0, "graph_calls": 0,
+                "graphs_cached": 0, "eager_only_signatures": 0}
 
     def destroy(self) -> None:
         """Ends the group's use; later calls raise RuntimeError. Calling it again is a no-op."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import torch
 
@@ -185,6 +186,78 @@ class Checker:
                 want = fu.simulate(xs, mode, **self.splits(case))[self.rank]
                 self.expect(f"back-to-back call {t}", y, want)
         self.passed.append(f"{iterations} back-to-back calls, every result checked")
+
+    def check_eager_graphs(self) -> None:
+        """Eager calls issued from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS, on unless set to
+        0). Copy and borrowed calls repeating one signature, x at a new address each call and
+        then at one address, then q, k, v with barrier=False + barrier(): the group must report
+        every one of them launched from a graph (none at P = 1, which has no communication
+        stream work, or with the switch off). Then one signature whose x moves on every call:
+        it must turn eager-only after a bounded number of graphs. Every result checked."""
+        on = os.environ.get("FAST_ULYSSES_EAGER_GRAPHS", "1") != "0"
+        graphs = on and self.P > 1
+        case = Case(1, (4,) * self.P, (2,) * self.P, 64, torch.bfloat16, "bshd")  # 16-byte rows
+        before = self.group.stats()
+        kept, static, n = [], None, 0
+        for t in range(12):
+            xs = inputs_for(case, self.P, seed=600 + t)
+            if t < 6:  # a new tensor each call, the old ones kept alive: a new address
+                x = xs[self.rank].to(self.device)
+                kept.append(x)
+            else:
+                static = xs[self.rank].to(self.device) if static is None else \
+                    static.copy_(xs[self.rank])
+                x = static
+            want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
+            if t % 2:
+                y = self.group.all_to_all_single_4d_borrowed(x, 0, "graphs-b", **self.splits(case))
+            else:
+                y = self.group.all_to_all_single_4d(x, 0, "graphs", **self.splits(case))
+            self.expect(f"eager graph call {t} (x at {'a new' if t < 6 else 'one'} address)",
+                        y, want)
+            n += 1
+        xs = [inputs_for(case, self.P, seed=700 + i) for i in range(3)]
+        outs = [self.group.all_to_all_single_4d_borrowed(x[self.rank].to(self.device), 0,
+                                                         f"graphs-{t}", barrier=False,
+                                                         **self.splits(case))
+                for x, t in zip(xs, "qkv")]
+        self.group.barrier()
+        for t, got, x in zip("qkv", outs, xs):
+            self.expect(f"eager graph deferred {t} after barrier()", got,
+                        fu.simulate(x, 0, **self.splits(case))[self.rank])
+        n += 3
+        stats = self.group.stats()
+        launched = stats["graph_calls"] - before["graph_calls"]
+        expected = n if graphs else 0
+        assert launched == expected, (
+            f"rank {self.rank}: {n} eager calls, {launched} launched from cached graphs, "
+            f"expected {expected} (FAST_ULYSSES_EAGER_GRAPHS {'on' if on else 'off'}, "
+            f"P = {self.P}); stats {stats}")
+        # x moving without end: one graph per new address up to the cache's bound, then the
+        # signature is issued call by call.
+        moving = 20
+        before = stats
+        for t in range(moving):
+            xs = inputs_for(case, self.P, seed=800 + t)
+            x = xs[self.rank].to(self.device)
+            kept.append(x)
+            y = self.group.all_to_all_single_4d_borrowed(x, 0, "graphs-moving",
+                                                         **self.splits(case))
+            self.expect(f"eager graph call {t} with x moving on every call", y,
+                        fu.simulate(xs, 0, **self.splits(case))[self.rank])
+        stats = self.group.stats()
+        moved = {k: stats[k] - before[k]
+                 for k in ("graph_calls", "graphs_cached", "eager_only_signatures")}
+        ok = (0 < moved["graph_calls"] == moved["graphs_cached"] < moving
+              and moved["eager_only_signatures"] == 1) if graphs else \
+            moved == {"graph_calls": 0, "graphs_cached": 0, "eager_only_signatures": 0}
+        assert ok, (
+            f"rank {self.rank}: {moving} calls with x at a new address each: {moved}; expected "
+            + ("a graph for each of the first few addresses, then the signature eager-only"
+               if graphs else "no graph") + f"; stats {stats}")
+        self.passed.append(f"eager graphs: {n} calls, {launched} launched from cached graphs; "
+                           f"x moving: {moved['graph_calls']} of {moving} from graphs, then "
+                           "eager-only; every result checked")
 
     def check_bad_calls(self) -> None:
         x = torch.randn(1, 4, 2 * self.P + 1, 64, dtype=torch.bfloat16, device=self.device)

@@ -211,7 +211,7 @@ def check_watchdog(pg, rank, world_size, device) -> str:
 
 # Every check, in run order (tests/gpu runs one pytest test per check and P).
 CHECKS = ("matrix", "async_consumer", "borrowed_lifetime", "deferred_barrier", "bad_calls",
-          "back_to_back", "reserve_and_recreate", "debug_mode", "watchdog")
+          "back_to_back", "eager_graphs", "reserve_and_recreate", "debug_mode", "watchdog")
 
 
 def check_names(world_size: int) -> list[str]:
@@ -241,6 +241,7 @@ def main() -> int:
         "borrowed_lifetime": checker.check_borrowed_lifetime,
         "deferred_barrier": checker.check_deferred_barrier, "bad_calls": checker.check_bad_calls,
         "back_to_back": lambda: checker.check_back_to_back(args.iterations),
+        "eager_graphs": checker.check_eager_graphs,
         "reserve_and_recreate": lambda: check_reserve_and_recreate(pg, rank, world_size, device,
                                                                    print),
         "debug_mode": lambda: check_debug_mode(pg, rank, world_size, device),

@@ -46,7 +46,8 @@ class RecordingOps:
             raise ValueError(f"the group's device rule refused x on {x.device}")
 
     def group_stats(self, group_name):  # what the C++ op returns on a fresh group
-        names = ["pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred"]
+        names = ["pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred",
+                 "graph_calls", "graphs_cached", "eager_only_signatures"]
         return names, [0] * len(names)
 
 
@@ -210,7 +211,8 @@ def test_reprs_have_one_shape(world1, fast_group):
 def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
     group = TorchUlyssesGroup(world1)
     assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
-                             "tags": 0, "deferred": 0}
+                             "tags": 0, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
+                             "eager_only_signatures": 0}
     assert list(group.stats()) == list(fast_group.stats())
     for tag in ("q", "k", "q"):
         group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, tag, barrier=False)

@@ -1,0 +1,71 @@
+// Eager calls launched from cached CUDA graphs. The part of a call that goes on the
+// communication stream (opening handshake, peer copies, closing handshake: one driver call per
+// copy and per memop batch, 60-70 us of host time at P = 8 on an H200 shared by eight ranks) is
+// captured once per call signature and x address, then issued with one cudaGraphLaunch. This is
+// safe because the handshake's flags hold only constants (handshake.h): a graph of a call is the
+// same work as the eager call, every time.
+//
+// A key is everything the captured work depends on: tag slot, owned/deferred, the window's
+// address on every rank, every peer copy's geometry, and x's address and allocation (its CUDA
+// buffer ID, so that memory freed and allocated again at the same address never meets a graph
+// made for the old allocation). x's address is part of the key because CUDA cannot move a pitched copy node's source in an executable graph
+// (cudaGraphExecMemcpyNodeSetParams takes one-dimensional copies only). A signature (the key
+// without x's address) gets a graph for at most kMaxAddresses distinct addresses; a signature
+// whose x keeps moving past that, or whose capture or instantiation CUDA refuses, is issued call
+// by call from then on. Nothing is ever issued twice.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+namespace fast_ulysses::transport {
+
+class EagerGraphs {
+ public:
+  using Key = std::vector<int64_t>;  // a signature; launch() adds x's address
+  // Graphs kept for one signature (distinct x addresses and allocations), and for the whole group; past the
+  // latter the cache starts over (shapes that vary without end).
+  static constexpr int kMaxAddresses = 8;
+  static constexpr size_t kMaxGraphs = 256;
+
+  // Issues the captured work of (`signature`, x at `x`) on `stream`: true when it did. On a key
+  // seen for the first time, `issue(capture_stream)` issues that work onto a stream being
+  // captured; it must issue nothing anywhere else. False: nothing was issued (the signature is
+  // eager-only), and the caller issues the work itself.
+  bool launch(const Key& signature, const char* x, cudaStream_t stream,
+              const std::function<void(cudaStream_t)>& issue);
+
+  // Calls launched from a cached graph so far; graphs cached; signatures issued call by call.
+  int64_t launches() const { return launches_; }
+  int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
+  int64_t eager_only() const;
+
+  explicit EagerGraphs(bool enabled) : enabled_(enabled) {}
+  ~EagerGraphs();
+  EagerGraphs(const EagerGraphs&) = delete;
+  EagerGraphs& operator=(const EagerGraphs&) = delete;
+
+ private:
+  struct KeyHash {
+    size_t operator()(const Key& key) const;
+  };
+  struct Signature {
+    int addresses = 0;  // graphs captured for it (x addresses seen)
+    bool eager_only = false;
+  };
+
+  cudaGraphExec_t capture(const std::function<void(cudaStream_t)>& issue);
+  void clear();
+
+  bool enabled_;
+  int64_t launches_ = 0;
+  cudaStream_t capture_stream_ = nullptr;
+  std::unordered_map<Key, Signature, KeyHash> signatures_;
+  std::unordered_map<Key, cudaGraphExec_t, KeyHash> graphs_;  // signature + x's address
+};
+
+}  // namespace fast_ulysses::transport
