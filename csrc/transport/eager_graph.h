@@ -3,7 +3,7 @@
 // copy and per memop batch, 60-70 us of host time at P = 8 on an H200 shared by eight ranks) is
 // captured once per call signature and x address, then issued with one cudaGraphLaunch. This is
 // safe because the handshake's flags hold only constants (handshake.h): a graph of a call is the
-// same work as the eager call, every time.
+// same work as the eager call, every time. Off unless FAST_ULYSSES_EAGER_GRAPHS=1 (env.h).
 //
 // A key is everything the captured work depends on: tag slot, owned/deferred, the window's
 // address on every rank, every peer copy's geometry, and x's address and allocation (its CUDA

@@ -49,8 +49,8 @@ bool copy_batch_enabled() {
 }
 
 bool eager_graphs_enabled() {
-  return switch_value("FAST_ULYSSES_EAGER_GRAPHS", true,
-                      "1 (eager calls replayed from cached CUDA graphs) or 0 (call by call)");
+  return switch_value("FAST_ULYSSES_EAGER_GRAPHS", false,
+                      "0 (call by call) or 1 (eager calls launched from cached CUDA graphs)");
 }
 
 bool host_profile_enabled() {

@@ -10,6 +10,7 @@ import itertools
 import os
 
 import torch
+import torch.distributed as dist
 
 import fast_ulysses as fu
 from fast_ulysses.plan import input_shape as plan_input_shape
@@ -188,76 +189,96 @@ class Checker:
         self.passed.append(f"{iterations} back-to-back calls, every result checked")
 
     def check_eager_graphs(self) -> None:
-        """Eager calls issued from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS, on unless set to
-        0). Copy and borrowed calls repeating one signature, x at a new address each call and
-        then at one address, then q, k, v with barrier=False + barrier(): the group must report
-        every one of them launched from a graph (none at P = 1, which has no communication
-        stream work, or with the switch off). Then one signature whose x moves on every call:
-        it must turn eager-only after a bounded number of graphs. Every result checked."""
-        on = os.environ.get("FAST_ULYSSES_EAGER_GRAPHS", "1") != "0"
+        """Eager calls issued from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS), on a process
+        group of its own with the switch on, then off (the switch is read when a group is
+        built). On: copy and borrowed calls repeating one signature, x at a new address each
+        call and then at one address; rows the copy engines are not given (a kernel in the
+        graph); q, k, v with barrier=False + barrier(): every one must be launched from a graph
+        (none at P = 1, which has no communication stream work). Then one signature whose x
+        moves on every call: it must turn eager-only after a bounded number of graphs. Off: no
+        graph at all. Every result checked against simulate."""
+        lines = []
+        saved = os.environ.get("FAST_ULYSSES_EAGER_GRAPHS")
+        try:
+            for on in (True, False):
+                os.environ["FAST_ULYSSES_EAGER_GRAPHS"] = "1" if on else "0"
+                pg = dist.new_group(list(range(self.P)))
+                group = fu.UlyssesGroup(pg, 1 << 20)
+                try:
+                    lines.append(self._eager_graph_calls(group, on))
+                finally:
+                    group.destroy()
+        finally:
+            if saved is None:
+                os.environ.pop("FAST_ULYSSES_EAGER_GRAPHS", None)
+            else:
+                os.environ["FAST_ULYSSES_EAGER_GRAPHS"] = saved
+        self.passed.append("eager graphs: " + "; ".join(lines))
+
+    def _eager_graph_calls(self, group, on: bool) -> str:
         graphs = on and self.P > 1
-        case = Case(1, (4,) * self.P, (2,) * self.P, 64, torch.bfloat16, "bshd")  # 16-byte rows
-        before = self.group.stats()
-        kept, static, n = [], None, 0
-        for t in range(12):
+        switch = f"FAST_ULYSSES_EAGER_GRAPHS={int(on)}"
+        aligned = Case(1, (4,) * self.P, (2,) * self.P, 64, torch.bfloat16, "bshd")  # 128-byte rows
+        narrow = Case(1, (3,) * self.P, (1,) * self.P, 4, torch.bfloat16, "bshd")  # 8-byte rows
+        before = group.stats()
+        kept, static, n = [], {}, 0
+        for t in range(16):
+            case = narrow if t >= 12 else aligned
             xs = inputs_for(case, self.P, seed=600 + t)
             if t < 6:  # a new tensor each call, the old ones kept alive: a new address
                 x = xs[self.rank].to(self.device)
                 kept.append(x)
-            else:
-                static = xs[self.rank].to(self.device) if static is None else \
-                    static.copy_(xs[self.rank])
-                x = static
+            else:  # one tensor per case, refilled: one address
+                x = static.setdefault(case, xs[self.rank].to(self.device)).copy_(xs[self.rank])
             want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
+            tag = ("narrow" if case is narrow else "graphs") + ("-b" if t % 2 else "")
             if t % 2:
-                y = self.group.all_to_all_single_4d_borrowed(x, 0, "graphs-b", **self.splits(case))
+                y = group.all_to_all_single_4d_borrowed(x, 0, tag, **self.splits(case))
             else:
-                y = self.group.all_to_all_single_4d(x, 0, "graphs", **self.splits(case))
-            self.expect(f"eager graph call {t} (x at {'a new' if t < 6 else 'one'} address)",
-                        y, want)
+                y = group.all_to_all_single_4d(x, 0, tag, **self.splits(case))
+            where = "a new" if t < 6 else "one"
+            self.expect(f"{switch}: call {t}, tag {tag}, x at {where} address", y, want)
             n += 1
-        xs = [inputs_for(case, self.P, seed=700 + i) for i in range(3)]
-        outs = [self.group.all_to_all_single_4d_borrowed(x[self.rank].to(self.device), 0,
-                                                         f"graphs-{t}", barrier=False,
-                                                         **self.splits(case))
+        xs = [inputs_for(aligned, self.P, seed=700 + i) for i in range(3)]
+        outs = [group.all_to_all_single_4d_borrowed(x[self.rank].to(self.device), 0,
+                                                    f"graphs-{t}", barrier=False,
+                                                    **self.splits(aligned))
                 for x, t in zip(xs, "qkv")]
-        self.group.barrier()
+        group.barrier()
         for t, got, x in zip("qkv", outs, xs):
-            self.expect(f"eager graph deferred {t} after barrier()", got,
-                        fu.simulate(x, 0, **self.splits(case))[self.rank])
+            self.expect(f"{switch}: deferred {t} after barrier()", got,
+                        fu.simulate(x, 0, **self.splits(aligned))[self.rank])
         n += 3
-        stats = self.group.stats()
+        stats = group.stats()
         launched = stats["graph_calls"] - before["graph_calls"]
         expected = n if graphs else 0
         assert launched == expected, (
             f"rank {self.rank}: {n} eager calls, {launched} launched from cached graphs, "
-            f"expected {expected} (FAST_ULYSSES_EAGER_GRAPHS {'on' if on else 'off'}, "
-            f"P = {self.P}); stats {stats}")
+            f"expected {expected} ({switch}, P = {self.P}); stats {stats}")
         # x moving without end: one graph per new address up to the cache's bound, then the
         # signature is issued call by call.
         moving = 20
         before = stats
         for t in range(moving):
-            xs = inputs_for(case, self.P, seed=800 + t)
+            xs = inputs_for(aligned, self.P, seed=800 + t)
             x = xs[self.rank].to(self.device)
             kept.append(x)
-            y = self.group.all_to_all_single_4d_borrowed(x, 0, "graphs-moving",
-                                                         **self.splits(case))
-            self.expect(f"eager graph call {t} with x moving on every call", y,
-                        fu.simulate(xs, 0, **self.splits(case))[self.rank])
-        stats = self.group.stats()
+            y = group.all_to_all_single_4d_borrowed(x, 0, "graphs-moving", **self.splits(aligned))
+            self.expect(f"{switch}: call {t} with x moving on every call", y,
+                        fu.simulate(xs, 0, **self.splits(aligned))[self.rank])
+        stats = group.stats()
         moved = {k: stats[k] - before[k]
                  for k in ("graph_calls", "graphs_cached", "eager_only_signatures")}
         ok = (0 < moved["graph_calls"] == moved["graphs_cached"] < moving
               and moved["eager_only_signatures"] == 1) if graphs else \
             moved == {"graph_calls": 0, "graphs_cached": 0, "eager_only_signatures": 0}
         assert ok, (
-            f"rank {self.rank}: {moving} calls with x at a new address each: {moved}; expected "
-            + ("a graph for each of the first few addresses, then the signature eager-only"
-               if graphs else "no graph") + f"; stats {stats}")
-        self.passed.append(f"eager graphs: {n} calls, {launched} launched from cached graphs; "
-                           f"x moving: {moved['graph_calls']} of {moving} from graphs, then "
-                           "eager-only; every result checked")
+            f"rank {self.rank}: {switch}, {moving} calls with x at a new address each: {moved}; "
+            "expected " + ("a graph for each of the first few addresses, then the signature "
+                           "eager-only" if graphs else "no graph") + f"; stats {stats}")
+        return (f"{switch}: {n} calls, {launched} from cached graphs; x moving: "
+                f"{moved['graph_calls']} of {moving} from graphs"
+                + (", then eager-only" if graphs else ""))
 
     def check_bad_calls(self) -> None:
         x = torch.randn(1, 4, 2 * self.P + 1, 64, dtype=torch.bfloat16, device=self.device)
