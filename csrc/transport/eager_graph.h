@@ -8,11 +8,12 @@
 // A key is everything the captured work depends on: tag slot, owned/deferred, the window's
 // address on every rank, every peer copy's geometry, and x's address and allocation (its CUDA
 // buffer ID, so that memory freed and allocated again at the same address never meets a graph
-// made for the old allocation). x's address is part of the key because CUDA cannot move a pitched copy node's source in an executable graph
-// (cudaGraphExecMemcpyNodeSetParams takes one-dimensional copies only). A signature (the key
-// without x's address) gets a graph for at most kMaxAddresses distinct addresses; a signature
-// whose x keeps moving past that, or whose capture or instantiation CUDA refuses, is issued call
-// by call from then on. Nothing is ever issued twice.
+// made for the old allocation). x's address is part of the key because CUDA cannot move a
+// pitched copy node's source in an executable graph (cudaGraphExecMemcpyNodeSetParams takes
+// one-dimensional copies only). A signature (the key without x's address and allocation) gets a
+// graph for at most kMaxAddresses of them; a signature whose x keeps moving past that, or whose
+// capture or instantiation CUDA refuses, is issued call by call from then on. Nothing is ever
+// issued twice.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,9 +27,9 @@ namespace fast_ulysses::transport {
 
 class EagerGraphs {
  public:
-  using Key = std::vector<int64_t>;  // a signature; launch() adds x's address
-  // Graphs kept for one signature (distinct x addresses and allocations), and for the whole group; past the
-  // latter the cache starts over (shapes that vary without end).
+  using Key = std::vector<int64_t>;  // a signature; launch() adds x's address and allocation
+  // Graphs kept for one signature (distinct x addresses and allocations), and for the whole
+  // group; past the latter the cache starts over (shapes that vary without end).
   static constexpr int kMaxAddresses = 8;
   static constexpr size_t kMaxGraphs = 256;
 
@@ -65,7 +66,7 @@ class EagerGraphs {
   int64_t launches_ = 0;
   cudaStream_t capture_stream_ = nullptr;
   std::unordered_map<Key, Signature, KeyHash> signatures_;
-  std::unordered_map<Key, cudaGraphExec_t, KeyHash> graphs_;  // signature + x's address
+  std::unordered_map<Key, cudaGraphExec_t, KeyHash> graphs_;  // signature + x's address, ID
 };
 
 }  // namespace fast_ulysses::transport
