@@ -12,6 +12,10 @@
 #           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8 with
 #           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B, and P = 8
 #           --staggered (each rank's host issue timed while the other ranks wait)
+#   eager   the opt-in eager-graph cache (FAST_ULYSSES_EAGER_GRAPHS): the a2a worker's eager_graphs
+#           check at every P (it builds groups with the switch on and off), then Wan 720p host cost
+#           with the switch on and off, alternately, at EAGER_P (default 2 8), with the host time
+#           by stage
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   doctor  fast-ulysses doctor (text and --json)
@@ -23,7 +27,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PHASES=${PHASES:-"before tests quick doctor bench fused"}
+PHASES=${PHASES:-"before tests quick doctor bench fused"}  # eager, graph, oldgraph: on request
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # Build tools missing on an offline image travel as wheels in .whl (docs/DEVELOP.md).
@@ -85,6 +89,18 @@ if has quick; then
   [ "${NOBATCH:-1}" = 1 ] && FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
   # Each rank's issue timed alone (the others wait): what the ranks' concurrent issue costs.
   [ "${STAGGER:-1}" = 1 ] && quick_one staggered 8 --staggered
+fi
+if has eager; then
+  timeout ${EAGER_TIMEOUT:-300} python3 -m pytest tests/gpu/test_fast_group_gpu.py -v -rs \
+    -p no:cacheprovider -k eager_graphs > "$OUT/eager_pytest.log" 2>&1
+  echo "pytest eager_graphs rc=$?"; grep -E "PASSED|FAILED|ERROR" "$OUT/eager_pytest.log" | head -12
+  tail -1 "$OUT/eager_pytest.log"
+  for P in ${EAGER_P:-2 8}; do
+    for run in 1 2; do
+      FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_EAGER_GRAPHS=1 quick_one "graphs_on$run" $P
+      FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_EAGER_GRAPHS=0 quick_one "graphs_off$run" $P
+    done
+  done
 fi
 if has doctor; then
   python3 -m fast_ulysses.cli.doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"; tail -12 "$OUT/doctor.txt"
