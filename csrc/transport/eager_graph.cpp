@@ -56,24 +56,27 @@ void EagerGraphs::clear() {
   signatures_.clear();
 }
 
-bool EagerGraphs::launch(const Key& signature, const char* x, cudaStream_t stream,
-                         const std::function<void(cudaStream_t)>& issue) {
+bool EagerGraphs::launch(const Key& signature, const std::vector<const void*>& operands,
+                         cudaStream_t stream, const std::function<void(cudaStream_t)>& issue) {
   if (!enabled_) return false;
-  // x's allocation too: memory freed to the driver and allocated again at the same address is
-  // a new allocation (a new buffer ID), and gets a graph of its own.
-  unsigned long long buffer = 0;
-  if (DriverApi::get().pointer_get_attribute(&buffer, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                             reinterpret_cast<CUdeviceptr>(x)) != CUDA_SUCCESS)
-    return false;  // not from a CUDA allocation API: issued call by call
   Key key = signature;
-  key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(x)));
-  key.push_back(static_cast<int64_t>(buffer));
+  for (const void* operand : operands) {
+    // The allocation too: memory freed to the driver and allocated again at the same address
+    // is a new allocation (a new buffer ID), and gets a graph of its own.
+    unsigned long long buffer = 0;
+    const auto address = reinterpret_cast<CUdeviceptr>(operand);
+    if (DriverApi::get().pointer_get_attribute(&buffer, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                               address) != CUDA_SUCCESS)
+      return false;  // not from a CUDA allocation API (or empty): issued call by call
+    key.push_back(static_cast<int64_t>(address));
+    key.push_back(static_cast<int64_t>(buffer));
+  }
   auto found = graphs_.find(key);
   if (found == graphs_.end()) {
     if (graphs_.size() >= kMaxGraphs) clear();
     Signature& sig = signatures_[signature];
     if (sig.eager_only) return false;
-    if (sig.addresses >= kMaxAddresses) {  // x keeps moving: a capture a call would cost more
+    if (sig.addresses >= kMaxAddresses) {  // operands keep moving: a capture a call costs more
       sig.eager_only = true;
       return false;
     }

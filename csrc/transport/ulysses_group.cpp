@@ -160,12 +160,14 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
   issue_copies(copies, stream, batch);
 }
 
-void UlyssesGroup::issue_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                                int slot, bool owned, bool deferred, bool capturing) {
+void UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+                                const Window& window, int slot, bool owned, bool deferred,
+                                bool capturing) {
   const auto issue = [&](cudaStream_t stream, bool batch) {
     open(slot, owned, stream);
     send_remote(x, plan, window, stream, batch);
     if (!deferred) close(slot, stream);
+    if (owned) finish_owned(out, plan, window, slot, false, stream);
   };
   if (!capturing) {  // (under the caller's own capture the work goes into its graph as is)
     EagerGraphs::Key signature = {slot, owned, deferred};
@@ -174,7 +176,10 @@ void UlyssesGroup::issue_remote(const at::Tensor& x, const Plan& plan, const Win
       signature.insert(signature.end(),
                        {c.src_offset, c.dst_offset, c.width, c.height, c.depth, c.src_pitch,
                         c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
-    if (eager_graphs_.launch(signature, static_cast<const char*>(x.const_data_ptr()), comm_,
+    // An owned call's graph also copies the peers' chunks into `out`: its address is keyed too.
+    std::vector<const void*> operands = {x.const_data_ptr()};
+    if (owned) operands.push_back(out.const_data_ptr());
+    if (eager_graphs_.launch(signature, operands, comm_,
                              [&](cudaStream_t stream) { issue(stream, false); }))
       return;
   }
@@ -215,7 +220,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
       launch_fused(*fused, window.peers, comm_);
     } else {  // the closing handshake too: on M it needs nothing from the own share on C
       profile_.mark(Stage::kOpen);
-      issue_remote(x, plan, window, tag.slot, owned, deferred, in_capture);
+      issue_remote(x, out, plan, window, tag.slot, owned, deferred, in_capture);
     }
     profile_.mark(Stage::kSend);
   }
@@ -244,7 +249,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   }
   if (fused) close(tag.slot, comm_);
   profile_.mark(Stage::kClose);
-  if (owned) finish_owned(out, plan, window, tag.slot, fused != nullptr);
+  if (owned && fused) finish_owned(out, plan, window, tag.slot, true, comm_);
   join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
               tag.calls, in_capture);
   profile_.mark(Stage::kFinish);
@@ -281,19 +286,19 @@ void UlyssesGroup::launch_fused(FusedNormRope& fused, const std::vector<char*>& 
 // C), or the whole output when a fused kernel wrote my own share into the window too; then
 // release the window to its writers.
 void UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan, const Window& window,
-                                int slot, bool whole) {
+                                int slot, bool whole, cudaStream_t stream) {
   char* dst = static_cast<char*>(out.data_ptr());
   if (whole) {
     if (plan.output_bytes > 0)
       FU_CUDA_CHECK(cudaMemcpyAsync(dst, window.local, plan.output_bytes,
-                                    cudaMemcpyDeviceToDevice, comm_));
+                                    cudaMemcpyDeviceToDevice, stream));
   } else {
-    for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, comm_);
+    for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, stream);
   }
   const int P = world_size();
   for (int k = 1; k < P; ++k)
     batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeldOwned), 0);
-  batch_.issue(comm_);
+  batch_.issue(stream);
 }
 
 // The caller's stream waits for everything issued on M so far (under capture this is the join

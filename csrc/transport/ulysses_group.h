@@ -100,15 +100,16 @@ class UlyssesGroup {
   void full_round(int slot, Word word);  // adds to batch_
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
                    cudaStream_t stream, bool batch);
-  // Opening handshake, peer copies and (unless deferred) closing handshake on comm_, from a
-  // cached graph where the call's signature allows (eager_graph.h), else call by call.
-  void issue_remote(const at::Tensor& x, const Plan& plan, const Window& window, int slot,
-                    bool owned, bool deferred, bool capturing);
+  // Opening handshake, peer copies, (unless deferred) closing handshake and (owned) the
+  // peers' chunks into `out` on comm_, from a cached graph where the call's signature allows
+  // (eager_graph.h), else call by call.
+  void issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+                    const Window& window, int slot, bool owned, bool deferred, bool capturing);
   void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                 cudaStream_t caller);
   void launch_fused(FusedNormRope& fused, const std::vector<char*>& windows, cudaStream_t stream);
   void finish_owned(const at::Tensor& out, const Plan& plan, const Window& window, int slot,
-                    bool whole);
+                    bool whole, cudaStream_t stream);
   // M's closing event joined into the caller's stream, and watched unless capturing.
   void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const std::string> tag,
                    int slot, uint64_t call, bool capturing);
