@@ -172,10 +172,14 @@ void UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, cons
   if (!capturing) {  // (under the caller's own capture the work goes into its graph as is)
     EagerGraphs::Key signature = {slot, owned, deferred};
     for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
-    for (const CopyDescriptor& c : plan.copies)
-      signature.insert(signature.end(),
-                       {c.src_offset, c.dst_offset, c.width, c.height, c.depth, c.src_pitch,
-                        c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
+    const auto add = [&signature](const std::vector<CopyDescriptor>& copies) {
+      for (const CopyDescriptor& c : copies)
+        signature.insert(signature.end(),
+                         {c.src_offset, c.dst_offset, c.width, c.height, c.depth, c.src_pitch,
+                          c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
+    };
+    add(plan.copies);
+    if (owned) add(plan.collect);
     // An owned call's graph also copies the peers' chunks into `out`: its address is keyed too.
     std::vector<const void*> operands = {x.const_data_ptr()};
     if (owned) operands.push_back(out.const_data_ptr());
