@@ -91,7 +91,8 @@ if has quick; then
   [ "${STAGGER:-1}" = 1 ] && quick_one staggered 8 --staggered
 fi
 if has eager; then
-  timeout ${EAGER_TIMEOUT:-300} python3 -m pytest tests/gpu/test_fast_group_gpu.py -v -rs \
+  # (-k selects the check, but the worker runs all of its checks: fewer back-to-back calls)
+  FAST_ULYSSES_GPU_ITERATIONS=${EAGER_ITERATIONS:-50} timeout ${EAGER_TIMEOUT:-300} python3 -m pytest tests/gpu/test_fast_group_gpu.py -v -rs \
     -p no:cacheprovider -k eager_graphs > "$OUT/eager_pytest.log" 2>&1
   echo "pytest eager_graphs rc=$?"; grep -E "PASSED|FAILED|ERROR" "$OUT/eager_pytest.log" | head -12
   tail -1 "$OUT/eager_pytest.log"
