@@ -37,13 +37,6 @@ class CaptureGuard {
 
 }  // namespace
 
-size_t EagerGraphs::KeyHash::operator()(const Key& key) const {
-  size_t hash = key.size();
-  for (int64_t v : key)
-    hash ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (hash << 6) + (hash >> 2);
-  return hash;
-}
-
 EagerGraphs::~EagerGraphs() {
   clear();
   if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);

@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/key_hash.h"
+
 namespace fast_ulysses::transport {
 
 class EagerGraphs {
@@ -42,6 +44,7 @@ class EagerGraphs {
   bool launch(const Key& signature, const std::vector<const void*>& operands, cudaStream_t stream,
               const std::function<void(cudaStream_t)>& issue);
 
+  bool enabled() const { return enabled_; }
   // Calls launched from a cached graph so far; graphs cached; signatures issued call by call.
   int64_t launches() const { return launches_; }
   int64_t graphs() const { return static_cast<int64_t>(graphs_.size()); }
@@ -53,9 +56,6 @@ class EagerGraphs {
   EagerGraphs& operator=(const EagerGraphs&) = delete;
 
  private:
-  struct KeyHash {
-    size_t operator()(const Key& key) const;
-  };
   struct Signature {
     int addresses = 0;  // graphs captured for it (distinct operands seen)
     bool eager_only = false;

@@ -74,12 +74,6 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
 
 UlyssesGroup::~UlyssesGroup() { watchdog_.reset(); }
 
-size_t UlyssesGroup::KeyHash::operator()(const std::vector<int64_t>& key) const {
-  size_t hash = key.size();
-  for (int64_t v : key) hash ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (hash << 6) + (hash >> 2);
-  return hash;
-}
-
 const Plan& UlyssesGroup::plan(const std::vector<int64_t>& key,
                                const std::function<Plan()>& build) {
   auto found = plans_.find(key);
@@ -169,7 +163,9 @@ void UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, cons
     if (!deferred) close(slot, stream);
     if (owned) finish_owned(out, plan, window, slot, false, stream);
   };
-  if (!capturing) {  // (under the caller's own capture the work goes into its graph as is)
+  // (Under the caller's own capture the work goes into its graph as is; with the cache off no
+  // key is built: this is every call's path.)
+  if (!capturing && eager_graphs_.enabled()) {
     EagerGraphs::Key signature = {slot, owned, deferred};
     for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
     const auto add = [&signature](const std::vector<CopyDescriptor>& copies) {

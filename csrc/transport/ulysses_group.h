@@ -28,6 +28,7 @@
 #include "transport/eager_graph.h"
 #include "transport/event_pool.h"
 #include "transport/handshake.h"
+#include "transport/key_hash.h"
 #include "transport/host_profile.h"
 #include "transport/watchdog.h"
 #include "transport/window_pool.h"
@@ -89,10 +90,6 @@ class UlyssesGroup {
     bool deferred = false;  // last call was borrowed with barrier=false, barrier() not yet run
     std::shared_ptr<const std::string> name;
   };
-  struct KeyHash {
-    size_t operator()(const std::vector<int64_t>& key) const;
-  };
-
   TagState& tag_state(const std::string& tag);
   const Window& window_for(const TagState& tag, int64_t bytes, bool capturing);
   void open(int slot, bool owned, cudaStream_t stream);  // comm_, or a stream being captured

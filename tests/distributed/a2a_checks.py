@@ -229,7 +229,9 @@ class Checker:
                 x = xs[self.rank].to(self.device)
                 kept.append(x)
             else:  # one tensor per case, refilled: one address
-                x = static.setdefault(case, xs[self.rank].to(self.device)).copy_(xs[self.rank])
+                if case not in static:
+                    static[case] = torch.empty_like(xs[self.rank], device=self.device)
+                x = static[case].copy_(xs[self.rank])
             want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
             tag = ("narrow" if case is narrow else "graphs") + ("-b" if t % 2 else "")
             if t % 2:
