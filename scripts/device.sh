@@ -91,10 +91,13 @@ if has quick; then
   [ "${STAGGER:-1}" = 1 ] && quick_one staggered 8 --staggered
 fi
 if has eager; then
-  # (-k selects the check, but the worker runs all of its checks: fewer back-to-back calls)
+  # (-k selects the check, but the worker runs all of its checks: fewer back-to-back calls).
+  # EAGER_K="" reports every check; with FAST_ULYSSES_EAGER_GRAPHS=1 exported, all of them run
+  # with the cache on (the eager_graphs check sets the switch itself for its own groups).
+  EAGER_K=${EAGER_K-eager_graphs}
   FAST_ULYSSES_GPU_ITERATIONS=${EAGER_ITERATIONS:-50} timeout ${EAGER_TIMEOUT:-300} python3 -m pytest tests/gpu/test_fast_group_gpu.py -v -rs \
-    -p no:cacheprovider -k eager_graphs > "$OUT/eager_pytest.log" 2>&1
-  echo "pytest eager_graphs rc=$?"; grep -E "PASSED|FAILED|ERROR" "$OUT/eager_pytest.log" | head -12
+    -p no:cacheprovider ${EAGER_K:+-k "$EAGER_K"} > "$OUT/eager_pytest.log" 2>&1
+  echo "pytest eager rc=$?"; grep -E "FAILED|ERROR|eager_graphs" "$OUT/eager_pytest.log" | head -20
   tail -1 "$OUT/eager_pytest.log"
   for P in ${EAGER_P:-2 8}; do
     for run in 1 2; do
