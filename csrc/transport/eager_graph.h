@@ -4,7 +4,7 @@
 // 60-70 us of host time at P = 8 on an H200 shared by eight ranks) is captured once per call
 // signature and operands, then issued with one cudaGraphLaunch. This is safe because the
 // handshake's flags hold only constants (handshake.h): a graph of a call is the same work as the
-// eager call, every time. Off unless FAST_ULYSSES_EAGER_GRAPHS=1 (env.h).
+// eager call, every time. On unless FAST_ULYSSES_EAGER_GRAPHS=0 (env.h).
 //
 // A key is everything the captured work depends on: tag slot, owned/deferred, the window's
 // address on every rank, every peer copy's geometry, and the address and allocation of each

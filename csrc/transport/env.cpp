@@ -49,7 +49,7 @@ bool copy_batch_enabled() {
 }
 
 bool eager_graphs_enabled() {
-  return switch_value("FAST_ULYSSES_EAGER_GRAPHS", false,
+  return switch_value("FAST_ULYSSES_EAGER_GRAPHS", true,
                       "0 (call by call) or 1 (eager calls launched from cached CUDA graphs)");
 }
 

@@ -20,9 +20,8 @@ WatchdogSettings watchdog_settings();
 // cudaMemcpy3DBatchAsync, or one copy call per peer (for A/B measurements).
 bool copy_batch_enabled();
 
-// FAST_ULYSSES_EAGER_GRAPHS=0 (default) | 1: issue the communication-stream part of an eager
-// call call by call, or from a CUDA graph cached per call signature and input (eager_graph.h).
-// Off by default until this form of the cache has run on a GPU (docs/DESIGN.md).
+// FAST_ULYSSES_EAGER_GRAPHS=1 (default) | 0: issue the communication-stream part of an eager
+// call from a CUDA graph cached per call signature and input (eager_graph.h), or call by call.
 bool eager_graphs_enabled();
 
 // FAST_ULYSSES_HOST_PROFILE=0 (default) | 1: time each stage of every call on the host
