@@ -12,10 +12,10 @@
 #           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8 with
 #           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B, and P = 8
 #           --staggered (each rank's host issue timed while the other ranks wait)
-#   eager   the opt-in eager-graph cache (FAST_ULYSSES_EAGER_GRAPHS): the a2a worker's eager_graphs
+#   eager   the eager-graph cache (FAST_ULYSSES_EAGER_GRAPHS): the a2a worker's eager_graphs
 #           check at every P (it builds groups with the switch on and off), then Wan 720p host cost
-#           with the switch on and off, alternately, at EAGER_P (default 2 8), with the host time
-#           by stage
+#           with the switch on and off, alternately (EAGER_RUNS, default "1 2": twice), at EAGER_P
+#           (default 2 8), with the host time by stage
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   doctor  fast-ulysses doctor (text and --json)
@@ -100,7 +100,7 @@ if has eager; then
   echo "pytest eager rc=$?"; grep -E "FAILED|ERROR|eager_graphs" "$OUT/eager_pytest.log" | head -20
   tail -1 "$OUT/eager_pytest.log"
   for P in ${EAGER_P:-2 8}; do
-    for run in 1 2; do
+    for run in ${EAGER_RUNS:-1 2}; do
       FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_EAGER_GRAPHS=1 quick_one "graphs_on$run" $P
       FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_EAGER_GRAPHS=0 quick_one "graphs_off$run" $P
     done
