@@ -63,9 +63,10 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       watchdog_settings_(watchdog_settings()),
       copy_batch_(copy_batch_enabled()),
       profile_(host_profile_enabled()),
+      eager_graphs_on_(eager_graphs_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
       handshake_(pool_.rank(), pool_.headers()),
-      eager_graphs_(eager_graphs_enabled()) {
+      eager_graphs_(eager_graphs_on_) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
   watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), handshake_,

@@ -116,6 +116,7 @@ class UlyssesGroup {
   WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
   bool copy_batch_;                      // FAST_ULYSSES_COPY_BATCH
   HostProfile profile_;                  // FAST_ULYSSES_HOST_PROFILE
+  bool eager_graphs_on_;                 // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ is built later)
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;
@@ -123,7 +124,7 @@ class UlyssesGroup {
   std::unordered_map<std::string, TagState> tags_;
   std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans_;
   MemOpBatch batch_;  // reused: its storage stays allocated between calls
-  EagerGraphs eager_graphs_;  // FAST_ULYSSES_EAGER_GRAPHS
+  EagerGraphs eager_graphs_;
   uint64_t barriers_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
 };
