@@ -3,9 +3,9 @@ ranks, fast-ulysses copy and borrowed: device time per call (CUDA events over ba
 calls) and host CPU microseconds per call (issue time, no synchronize inside the loop).
 `borrowed-op` calls the op directly (torch.ops.fast_ulysses...), without the Python method: the
 difference to `borrowed` is the wrapper's cost. Each row also says how many of its calls were
-launched from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS=1). With FAST_ULYSSES_HOST_PROFILE=1
-it also prints where the host time goes, stage by stage (the slowest rank's microseconds per
-call).
+launched from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS, on unless set to 0). With
+FAST_ULYSSES_HOST_PROFILE=1 it also prints where the host time goes, stage by stage (each
+stage's mean microseconds per call, the largest over the ranks).
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
         benchmarks/quick_wan.py --shared-gpu
