@@ -88,6 +88,7 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
     int64_t world_size, int64_t rank, int64_t mode, int64_t batch, int64_t head_dim,
     std::vector<int64_t> seq_splits, std::vector<int64_t> head_splits, std::string layout) {
   return translate_plan_errors([&] {
+    check_world_size_and_rank(world_size, rank);  // before narrowing to int
     PlanRequest request;
     request.world_size = static_cast<int>(world_size);
     request.rank = static_cast<int>(rank);
@@ -102,6 +103,13 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> shapes_op(
     return std::tuple<std::vector<int64_t>, std::vector<int64_t>>{
         std::vector<int64_t>(plan.input_shape.begin(), plan.input_shape.end()),
         std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end())};
+  });
+}
+
+void check_group_op(int64_t world_size, int64_t rank) {
+  translate_plan_errors([&] {
+    check_world_size_and_rank(world_size, rank);
+    return 0;
   });
 }
 
@@ -120,6 +128,7 @@ Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef sh
               int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout) {
   return translate_plan_errors([&] {
+    check_world_size_and_rank(world_size, rank);  // before narrowing to int
     const PlanRequest request = request_from_shape(
         static_cast<int>(world_size), static_cast<int>(rank), parse_mode(mode),
         parse_layout(layout), shape.vec(), element_size, to_vector(seq_splits),

@@ -30,6 +30,9 @@ plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
 
 void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef descriptor);
 
+// The plan's rule for a group's size and rank (ValueError with the plan's message).
+void check_group_op(int64_t world_size, int64_t rank);
+
 at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string tag,
                            std::string group_name, std::optional<at::IntArrayRef> seq_splits,
                            std::optional<at::IntArrayRef> head_splits, std::string layout,

@@ -30,6 +30,9 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def(
       "shapes(int world_size, int rank, int mode, int batch, int head_dim, int[] seq_splits, "
       "int[] head_splits, str layout='bshd') -> (int[] input_shape, int[] output_shape)");
+  // The plan's rule for a group (1 <= world_size <= max_world_size, 0 <= rank < world_size):
+  // raises ValueError, for groups that check it before any call (TorchUlyssesGroup).
+  m.def("check_group(int world_size, int rank) -> ()");
   // Every layout name the plan takes, in enum order ("bshd", "sbhd", "bhsd").
   m.def("layouts() -> str[]");
   // The limits of csrc/plan/plan.h, by name (max_world_size, max_bytes, copy_engine_alignment).
@@ -87,6 +90,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("check_borrowed_grad", &fast_ulysses::ops::check_borrowed_grad);
   m.impl("limits", &fast_ulysses::ops::limits_op);
   m.impl("layouts", &fast_ulysses::ops::layouts_op);
+  m.impl("check_group", &fast_ulysses::ops::check_group_op);
   m.impl("shapes", &fast_ulysses::ops::shapes_op);
 }
 

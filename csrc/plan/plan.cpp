@@ -129,6 +129,13 @@ CopyDescriptor coalesced(CopyDescriptor c) {
   return c;
 }
 
+void check_world_size_and_rank(int64_t world_size, int64_t rank) {
+  if (world_size < 1 || world_size > kMaxWorldSize)
+    fail("world_size=", world_size, ": must be in [1, ", kMaxWorldSize, "] (one node)");
+  if (rank < 0 || rank >= world_size)
+    fail("rank=", rank, ": must be in [0, world_size=", world_size, ")");
+}
+
 void validate(const PlanRequest& request) {
   const int P = request.world_size;
   if (request.mode != Mode::kSeqToHead && request.mode != Mode::kHeadToSeq)
@@ -136,10 +143,7 @@ void validate(const PlanRequest& request) {
   if (request.layout != Layout::kBSHD && request.layout != Layout::kSBHD &&
       request.layout != Layout::kBHSD)
     fail("layout=", static_cast<int>(request.layout), ": must be bshd (0), sbhd (1) or bhsd (2)");
-  if (P < 1 || P > kMaxWorldSize)
-    fail("world_size=", P, ": must be in [1, ", kMaxWorldSize, "] (one node)");
-  if (request.rank < 0 || request.rank >= P)
-    fail("rank=", request.rank, ": must be in [0, world_size=", P, ")");
+  check_world_size_and_rank(P, request.rank);
   if (request.batch < 1) fail("batch=", request.batch, ": must be >= 1");
   if (request.head_dim < 1) fail("head_dim=", request.head_dim, ": must be >= 1");
   // Bounded before head_dim * element_size below, which would otherwise overflow int64.
@@ -303,10 +307,7 @@ PlanRequest request_from_shape(int world_size, int rank, Mode mode, Layout layou
          ")");
   for (size_t i = 0; i < 4; ++i)
     if (input_shape[i] < 0) fail("input shape ", join(input_shape), ": negative dimension");
-  if (world_size < 1 || world_size > kMaxWorldSize)
-    fail("world_size=", world_size, ": must be in [1, ", kMaxWorldSize, "] (one node)");
-  if (rank < 0 || rank >= world_size)
-    fail("rank=", rank, ": must be in [0, world_size=", world_size, ")");
+  check_world_size_and_rank(world_size, rank);
 
   PlanRequest request;
   request.world_size = world_size;

@@ -102,6 +102,10 @@ struct Plan {
   std::vector<CopyDescriptor> collect;
 };
 
+// Throws PlanError unless 1 <= world_size <= kMaxWorldSize and 0 <= rank < world_size: the one
+// check of a group's size and rank, in int64 so that no caller narrows a bad value first.
+void check_world_size_and_rank(int64_t world_size, int64_t rank);
+
 // Throws PlanError on any violated limit. Zero entries in seq_splits or head_splits are allowed
 // (a rank may hold no rows or no heads; its copies are empty), but S and N must be positive.
 void validate(const PlanRequest& request);

@@ -121,7 +121,10 @@ class Plan(list):
 def _element_size(dtype) -> int:
     if isinstance(dtype, int) and not isinstance(dtype, bool):
         return dtype
-    return torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+    # The groups' own dtype rule (the check_input op), on a Meta tensor: the same message for a
+    # dtype the groups refuse (bool, complex, 8 bytes), not only for its byte count.
+    meta = torch.empty((1, 1, 1, 1), dtype=resolve_dtype(dtype), device="meta")
+    return ops.check_input(meta)
 
 
 def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,

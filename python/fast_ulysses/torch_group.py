@@ -50,6 +50,10 @@ class TorchUlyssesGroup:
         rank, world_size: this rank in the group and the group's size.
         process_group: the group the collectives run on.
 
+    Raises:
+        ValueError for a group of more ranks than `fast_ulysses.plan.limits()["max_world_size"]`
+        (8, one node: the plan's rule, for both groups), raised here rather than on each call.
+
     With FAST_ULYSSES_DEBUG=1 set when the group is built, every call is first checked against
     every rank's (`fast_ulysses.debug.check_agreement`), as on `UlyssesGroup`.
     """
@@ -71,6 +75,8 @@ class TorchUlyssesGroup:
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
+        # The plan's limit holds for this group too: raise here, not on every call.
+        torch.ops.fast_ulysses.check_group(self.world_size, self.rank)
         self.initial_pool_bytes = initial_pool_bytes
         if decision is not None and decision.use_fast:
             raise ValueError(f"TorchUlyssesGroup was handed a decision for the fast group "

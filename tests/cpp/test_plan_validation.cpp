@@ -88,6 +88,19 @@ TEST(Validation, Rank) {
   EXPECT_TRUE(throws_naming(from_shape(2, 2, Mode::kSeqToHead, {1, 2, 4, 8}), {"rank=2"}));
 }
 
+// The group check takes int64, so a size or rank past int's range is refused, not narrowed first
+// (2^32 + 2 narrowed to int is 2, a valid size).
+TEST(Validation, GroupCheckSeesValuesPastInt) {
+  using fast_ulysses::check_world_size_and_rank;
+  EXPECT_NO_THROW(check_world_size_and_rank(8, 7));
+  const int64_t big = (int64_t{1} << 32) + 2;
+  EXPECT_TRUE(throws_naming([&] { check_world_size_and_rank(big, 0); },
+                            {"world_size=" + std::to_string(big), "[1, 8]"}));
+  EXPECT_TRUE(throws_naming([&] { check_world_size_and_rank(2, int64_t{1} << 32); },
+                            {"rank=" + std::to_string(int64_t{1} << 32), "world_size=2"}));
+  EXPECT_TRUE(throws_naming([&] { check_world_size_and_rank(0, 0); }, {"world_size=0"}));
+}
+
 TEST(Validation, ElementSize) {
   for (int64_t es : {3, 8, 0})
     EXPECT_TRUE(rejected(edited([&](auto& r) { r.element_size = es; }),

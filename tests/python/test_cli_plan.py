@@ -67,6 +67,13 @@ def test_plan_rank_out_of_range_with_shape():
     _assert_usage_error(result, "rank=4: must be in [0, world_size=4)")
 
 
+@pytest.mark.parametrize("option", ["--seq-splits", "--head-splits"])
+def test_plan_empty_list_is_refused_not_ignored(option):
+    """An empty split list must not read as "splits not given" (even splits)."""
+    args = ["plan", "--world-size", "4", "--shape", "1,100,16,128", option, ""]
+    _assert_usage_error(run_cli(*args), f"argument {option}: ", "'' holds no integer")
+
+
 @pytest.mark.parametrize("option", ["--shape", "--seq-splits", "--head-splits"])
 def test_plan_non_integer_list(option):
     args = ["plan", "--world-size", "8"]

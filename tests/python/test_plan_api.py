@@ -85,6 +85,20 @@ def test_limits_and_layouts_come_from_the_plan():
         fu.plan(got["max_world_size"] + 1, 0, 0, (1, 4, 8, 64), torch.bfloat16)
 
 
+@pytest.mark.parametrize("world_size,rank,message", [
+    (2 ** 32 + 2, 0, r"world_size=4294967298: must be in \[1, 8\]"),
+    (2, 2 ** 32, r"rank=4294967296: must be in \[0, world_size=2\)"),
+])
+def test_sizes_past_int_are_refused_not_narrowed(world_size, rank, message):
+    """2^32 + 2 ranks must not plan as 2 ranks, nor rank 2^32 as rank 0 (int64 -> int)."""
+    with pytest.raises(ValueError, match=message):
+        fu.plan(world_size, rank, 0, (1, 4, 8, 64), torch.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.fast_ulysses.shapes(world_size, rank, 0, 1, 64, [4, 4], [4, 4])
+    with pytest.raises(ValueError, match=message):
+        torch.ops.fast_ulysses.check_group(world_size, rank)
+
+
 def test_round_trip_fp16_even():
     xs = make_inputs(4, 0, [6] * 4, [2] * 4, 1, 64, torch.float16, "bshd")
     mid = fu.simulate(xs, 0)

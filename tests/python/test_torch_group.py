@@ -73,6 +73,29 @@ def test_bad_tensor_gives_the_documented_message_on_both_groups(world1, name):
         check_input(x)
 
 
+def test_more_ranks_than_one_node_raise_when_the_group_is_built(world1, monkeypatch):
+    """A 9-rank group is beyond the plan's limit for both groups: the fallback raises at
+    construction (make_group falls back to it for more than 8 ranks), not on every call."""
+    import fast_ulysses.torch_group as torch_group
+
+    assert TorchUlyssesGroup(world1).world_size == 1  # the real group builds
+    monkeypatch.setattr(torch_group.dist, "get_world_size", lambda group=None: 9)
+    with pytest.raises(ValueError, match=r"^world_size=9: must be in \[1, 8\] \(one node\)$"):
+        TorchUlyssesGroup(world1)
+
+
+@pytest.mark.parametrize("name", ["bool", "complex", "float64", "int64"])
+def test_plan_refuses_a_bad_dtype_with_the_groups_message(name):
+    """plan() and simulate() take a dtype the groups refuse no more than the groups do, and say
+    so in the same words (one C++ check)."""
+    x, message = BAD_TENSORS[name]
+    exact = "^" + re.escape(message) + "$"
+    with pytest.raises(ValueError, match=exact):
+        fast_ulysses.plan(1, 0, 0, (1, 2, 2, 8), x.dtype)
+    with pytest.raises(ValueError, match=exact):
+        fast_ulysses.simulate([x.contiguous()], 0)
+
+
 def test_check_input_returns_the_element_size():
     for dtype, size in [(torch.int8, 1), (torch.bfloat16, 2), (torch.float32, 4)]:
         assert check_input(torch.zeros(1, 2, 3, 1, dtype=dtype)) == size

@@ -31,6 +31,9 @@ def _ints(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(
                 f"{text!r}: {v.strip()!r} is not an integer (give comma-separated integers, "
                 "e.g. 1,9450,40,128)") from None
+    if not values:  # an empty --seq-splits "" would otherwise read as "not given"
+        raise argparse.ArgumentTypeError(
+            f"{text!r} holds no integer (give comma-separated integers, e.g. 1,9450,40,128)")
     return values
 
 
