@@ -7,6 +7,7 @@ Nothing here imports the plan or torch.distributed, so every other module may im
 from __future__ import annotations
 
 import enum
+import operator
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -31,9 +32,39 @@ def as_mode(mode) -> int:
                      "(Mode.HEAD_TO_SEQ)")
 
 
-def as_splits(values) -> list[int] | None:
-    """Split sizes as the plain int list the ops take (None stays None: even splits)."""
-    return None if values is None else [int(v) for v in values]
+def as_splits(values, name: str = "splits") -> list[int] | None:
+    """Split sizes as the plain int list the ops take (None stays None: even splits). Every
+    entry point and `plan()` convert splits here, so both groups take and refuse the same ones.
+
+    Raises:
+        ValueError naming `name` and the entry for anything that is not an integer (a float is
+        never cut short, a bool is not a size) or a `values` that is not a sequence.
+    """
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} is {values!r}: it must be a sequence of ints, one per rank")
+    out = list(values)
+    for i, v in enumerate(out):
+        if type(v) is not int:  # (the common case costs one type check per entry)
+            try:
+                if isinstance(v, bool):
+                    raise TypeError
+                out[i] = operator.index(v)
+            except TypeError:
+                raise ValueError(f"{name}[{i}] is {v!r}: split sizes must be ints") from None
+    return out
+
+
+def as_pool_bytes(value) -> int:
+    """`initial_pool_bytes` of both groups: an int >= 0.
+
+    Raises:
+        ValueError naming the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"initial_pool_bytes is {value!r}: it must be an int >= 0")
+    return int(value)
 
 
 def check_tag(tag) -> str:

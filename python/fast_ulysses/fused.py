@@ -110,8 +110,8 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
     group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
     return ops.qk_norm_rope_all_to_all(
         x, tag, group.group_name, norm_weight, float(eps), cos, sin, norm, rope_style,
-        as_splits(seq_splits), as_splits(head_splits), layout, bool(borrowed), bool(barrier),
-        group.rank)
+        as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits"), layout,
+        bool(borrowed), bool(barrier), group.rank)
 
 
 def qk_norm_rope_all_to_all_qk(group, q: torch.Tensor, k: torch.Tensor,

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ._ops import cuda_load_error, ops
-from .api import as_mode, as_splits, check_tag, group_repr
+from .api import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
 from .policy import Decision, decide
@@ -77,7 +77,7 @@ class UlyssesGroup:
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
-        ops.create_group(self.group_name, self.device.index, int(initial_pool_bytes))
+        ops.create_group(self.group_name, self.device.index, as_pool_bytes(initial_pool_bytes))
         if self._debug:  # the backward (autograd.py) checks its calls through this group
             register_debugged(self)
 
@@ -100,8 +100,8 @@ class UlyssesGroup:
         """
         tag = resolve_tag(tag, x, mode, layout)
         self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits), as_splits(head_splits),
-                layout, self.rank)
+        args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
+                as_splits(head_splits, "head_splits"), layout, self.rank)
         if x.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
             return ops.all_to_all_single_4d(*args)
         with torch._C._AutoDispatchBelowAutograd():  # skips the Python autograd kernel
@@ -134,7 +134,8 @@ class UlyssesGroup:
                           head_splits, layout, barrier)
         with torch._C._AutoDispatchBelowAutograd():  # no grad (checked): skip autograd
             return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
-                                                     as_splits(seq_splits), as_splits(head_splits),
+                                                     as_splits(seq_splits, "seq_splits"),
+                                                     as_splits(head_splits, "head_splits"),
                                                      layout, bool(barrier), self.rank)
 
     def barrier(self) -> None:

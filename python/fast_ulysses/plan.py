@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from ._ops import ops
-from .api import as_mode
+from .api import as_mode, as_splits
 
 # Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.
 LAYOUTS = tuple(ops.layouts())
@@ -154,8 +154,7 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
     element_size = _element_size(dtype)
     rows, output_shape, seq, heads, window_bytes = ops.plan(
         world_size, rank, mode, list(shape), element_size,
-        None if seq_splits is None else list(seq_splits),
-        None if head_splits is None else list(head_splits), layout)
+        as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits"), layout)
     columns = ops.descriptor_fields()  # the C++ column order, by name
     descriptors = [CopyDescriptor(**dict(zip(columns, row))) for row in rows.tolist()]
     return Plan(descriptors, world_size=world_size, rank=rank, mode=mode, layout=layout,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from .api import as_mode, check_tag, group_repr
+from .api import as_mode, as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled
 from .plan import Plan
@@ -69,9 +69,7 @@ class TorchUlyssesGroup:
         if process_group is None:
             raise RuntimeError("TorchUlyssesGroup needs torch.distributed initialised: call "
                                "torch.distributed.init_process_group first")
-        if not isinstance(initial_pool_bytes, int) or initial_pool_bytes < 0:
-            raise ValueError(f"initial_pool_bytes is {initial_pool_bytes!r}: it must be an "
-                             "int >= 0")
+        as_pool_bytes(initial_pool_bytes)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)

@@ -157,6 +157,44 @@ def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
     assert fast_group.recorder.calls == []  # nothing reached the op
 
 
+@pytest.mark.parametrize("splits,message", [
+    ([1.0], "seq_splits[0] is 1.0: split sizes must be ints"),
+    ([True], "seq_splits[0] is True: split sizes must be ints"),
+    ("1", "seq_splits is '1': it must be a sequence of ints, one per rank"),
+])
+def test_splits_that_are_not_ints_are_one_error_everywhere(world1, fast_group, splits, message):
+    """A float split is never cut short (4.7 -> 4) by one group and refused by the other: the
+    fast group, the fallback and plan() convert splits in one place and raise its message."""
+    x = torch.zeros(1, 2, 2, 8)
+    for group in (TorchUlyssesGroup(world1), fast_group):
+        for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
+            with pytest.raises(ValueError) as info:
+                entry(x, 0, "t", seq_splits=splits)
+            assert str(info.value) == message, entry
+    with pytest.raises(ValueError) as info:
+        fu.plan(1, 0, 0, (1, 2, 2, 8), torch.float32, seq_splits=splits)
+    assert str(info.value) == message
+    assert [c for c in fast_group.recorder.calls if c[0] != "check_device"] == []
+
+
+def test_integer_splits_of_any_integer_type_reach_the_op_as_ints(fast_group):
+    x = torch.zeros(1, 2, 2, 8)
+    fast_group.all_to_all_single_4d(x, 0, "t", seq_splits=torch.tensor([2]), head_splits=(2,))
+    (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    assert args[4] == [2] and args[5] == [2] and all(type(v) is int for v in args[4] + args[5])
+
+
+@pytest.mark.parametrize("value", [1e9, -1, True, "1"])
+def test_pool_bytes_rule_is_one_message_for_both_groups(world1, value):
+    want = f"initial_pool_bytes is {value!r}: it must be an int >= 0"
+    with pytest.raises(ValueError) as info:
+        TorchUlyssesGroup(world1, value)
+    assert str(info.value) == want
+    with pytest.raises(ValueError) as info:  # UlyssesGroup converts with the same function
+        fu.api.as_pool_bytes(value)
+    assert str(info.value) == want
+
+
 def test_tag_none_is_auto_for_owned_calls_and_refused_for_borrowed(world1, fast_group):
     x = torch.zeros(1, 2, 2, 8)
     for group in (TorchUlyssesGroup(world1), fast_group):
