@@ -29,3 +29,13 @@ def switch(name: str, default: bool) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value}: must be {_MEANINGS[name]}")
     return value == "1"
+
+
+def check_switches() -> None:
+    """Parses every switch of this module, so that a tool can refuse a bad value up front.
+
+    Raises:
+        ValueError for the first switch with a value other than unset, empty, 0 or 1.
+    """
+    for name in _MEANINGS:
+        switch(name, False)

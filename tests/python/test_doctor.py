@@ -28,6 +28,17 @@ def test_doctor_table_exits_0():
     assert "make_group verdict" in done.stdout
 
 
+@pytest.mark.parametrize("name", ["FAST_ULYSSES_ALLOW_SHARED_GPU", "FAST_ULYSSES_DEBUG"])
+def test_doctor_refuses_a_bad_switch_without_a_traceback(name, monkeypatch):
+    monkeypatch.setenv(name, "yes")
+    done = _doctor("--no-symm-init")
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    want = f"fast-ulysses doctor: error: {name}=yes: must be 0 (off) or 1 ("
+    assert done.stderr.strip().startswith(want) and "\n" not in done.stderr.strip(), done.stderr
+    assert done.stdout == ""
+
+
 @needs_no_gpu
 def test_doctor_says_no_gpu():
     done = _doctor()

@@ -1,5 +1,6 @@
 """`fast-ulysses doctor`: what this machine offers the fast path, and the verdict make_group would
-reach for a group of every visible GPU (one rank per GPU). Exits 0 even with no GPU or driver."""
+reach for a group of every visible GPU (one rank per GPU). Exits 0 even with no GPU or driver;
+2, with the reason, when a FAST_ULYSSES_ switch holds a value other than 0 or 1."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import torch
 
 from .. import hardware
+from ..env import check_switches
 from ..hardware import visible_topology
 from ..policy import decide
 from ..topology import spans_sockets
@@ -43,8 +45,14 @@ def run(args) -> int:
         args: the parsed namespace (json, no_symm_init).
 
     Returns:
-        0: the report is the result, whatever it says.
+        0: the report is the result, whatever it says; 2: a switch in the environment has a
+        value it cannot take (said on stderr, as a usage error: the report would depend on it).
     """
+    try:
+        check_switches()
+    except ValueError as error:
+        print(f"fast-ulysses doctor: error: {error}", file=sys.stderr)
+        return 2
     report = collect(symm_init=not getattr(args, "no_symm_init", False))
     if getattr(args, "json", False):
         print(json.dumps(report, indent=2, default=str))
