@@ -92,8 +92,8 @@ if has quick; then
 fi
 if has eager; then
   # (-k selects the check, but the worker runs all of its checks: fewer back-to-back calls).
-  # EAGER_K="" reports every check; with FAST_ULYSSES_EAGER_GRAPHS=1 exported, all of them run
-  # with the cache on (the eager_graphs check sets the switch itself for its own groups).
+  # EAGER_K="" reports every check, all run with the cache on (the default; the eager_graphs
+  # check sets the switch itself for its own groups).
   EAGER_K=${EAGER_K-eager_graphs}
   FAST_ULYSSES_GPU_ITERATIONS=${EAGER_ITERATIONS:-50} timeout ${EAGER_TIMEOUT:-300} python3 -m pytest tests/gpu/test_fast_group_gpu.py -v -rs \
     -p no:cacheprovider ${EAGER_K:+-k "$EAGER_K"} > "$OUT/eager_pytest.log" 2>&1

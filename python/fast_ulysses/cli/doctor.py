@@ -1,6 +1,7 @@
 """`fast-ulysses doctor`: what this machine offers the fast path, and the verdict make_group would
 reach for a group of every visible GPU (one rank per GPU). Exits 0 even with no GPU or driver;
-2, with the reason, when a FAST_ULYSSES_ switch holds a value other than 0 or 1."""
+2, with the reason, when FAST_ULYSSES_DEBUG or FAST_ULYSSES_ALLOW_SHARED_GPU (the switches the
+report depends on) holds a value other than 0 or 1."""
 
 from __future__ import annotations
 
