@@ -29,10 +29,6 @@ from .debug import check_agreement, debug_enabled
 from .plan import Plan
 from .validation import plan_call, window_bytes_by_tag
 
-# Dimension indices of the batch, sequence, head and head-dim axes in each layout.
-_DIMS = {"bshd": {"b": 0, "s": 1, "h": 2, "d": 3}, "sbhd": {"s": 0, "b": 1, "h": 2, "d": 3},
-         "bhsd": {"b": 0, "h": 1, "s": 2, "d": 3}}
-
 
 class TorchUlyssesGroup:
     """The Ulysses all-to-alls on `torch.distributed`: permute, `all_to_all_single` with split
@@ -186,7 +182,7 @@ class TorchUlyssesGroup:
 
 def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
     """(split dim, sender's splits, receiver's splits, chunk order) of a call."""
-    dims = _DIMS[p.layout]
+    dims = {axis: k for k, axis in enumerate(p.layout)}  # a layout's name is its axis order
     if p.mode == 0:
         split, cat, send, recv = dims["h"], dims["s"], p.head_splits, p.seq_splits
     else:

@@ -65,9 +65,8 @@ def add_parser(subparsers) -> None:
 def _request(args) -> dict:
     if args.preset:
         call = preset_call(args.preset, args.world_size, args.rank, mode=args.mode)
-        b, s, n, d = call["shape"]  # the preset's bshd shape, in --layout order
-        call["shape"] = {"bshd": (b, s, n, d), "sbhd": (s, b, n, d), "bhsd": (b, n, s, d)}[
-            args.layout]
+        extent = dict(zip("bshd", call["shape"]))  # the preset's bshd shape, in --layout order
+        call["shape"] = tuple(extent[axis] for axis in args.layout)
         if args.dtype:
             call["dtype"] = DTYPES[args.dtype]
     else:
