@@ -42,18 +42,31 @@ def as_splits(values, name: str = "splits") -> list[int] | None:
     """
     if values is None:
         return None
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise ValueError(f"{name} is {values!r}: it must be a sequence of ints, one per rank")
-    out = list(values)
+    if type(values) is list or type(values) is tuple:  # the common case: no abc check
+        out = list(values)
+    else:
+        try:
+            if isinstance(values, (str, bytes)):
+                raise TypeError
+            out = list(values)
+        except TypeError:
+            raise ValueError(f"{name} is {values!r}: it must be a sequence of ints, one per "
+                             "rank") from None
     for i, v in enumerate(out):
         if type(v) is not int:  # (the common case costs one type check per entry)
-            try:
-                if isinstance(v, bool):
-                    raise TypeError
-                out[i] = operator.index(v)
-            except TypeError:
-                raise ValueError(f"{name}[{i}] is {v!r}: split sizes must be ints") from None
+            out[i] = _as_int(v, f"{name}[{i}]", "split sizes must be ints")
     return out
+
+
+def _as_int(value, name: str, rule: str) -> int:
+    """`value` as an int when it is an integer (anything with __index__ but a bool, or a bool
+    tensor), else ValueError("<name> is <value>: <rule>")."""
+    try:
+        if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} is {value!r}: {rule}") from None
 
 
 def as_pool_bytes(value) -> int:
@@ -62,9 +75,11 @@ def as_pool_bytes(value) -> int:
     Raises:
         ValueError naming the value.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"initial_pool_bytes is {value!r}: it must be an int >= 0")
-    return int(value)
+    rule = "it must be an int >= 0"
+    size = _as_int(value, "initial_pool_bytes", rule)
+    if size < 0:
+        raise ValueError(f"initial_pool_bytes is {value!r}: {rule}")
+    return size
 
 
 def check_tag(tag) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+
 from .hardware import gather_topology
 from .policy import check_prefer, decide
 from .torch_group import TorchUlyssesGroup
@@ -24,13 +27,15 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
         A `fast_ulysses.group.UlyssesGroup` or a `TorchUlyssesGroup`.
 
     Raises:
-        ValueError for a bad `prefer`, or prefer="fast" where the fast path cannot run.
+        ValueError for a bad `prefer`, for a group of more ranks than one node's 8 (the plan's
+        limit, which the fallback shares), or prefer="fast" where the fast path cannot run.
     """
     check_prefer(prefer)
     if process_group is None:
-        import torch.distributed as dist
-
         process_group = dist.group.WORLD
+    # Before the topology gather: no fallback would serve a larger group either.
+    torch.ops.fast_ulysses.check_group(dist.get_world_size(process_group),
+                                       dist.get_rank(process_group))
     topology = None if prefer == "torch" else gather_topology(process_group)  # torch: no probe
     decision = decide(topology, prefer)
     if not decision.use_fast:

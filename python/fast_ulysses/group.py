@@ -49,6 +49,7 @@ class UlyssesGroup:
     def __init__(self, process_group: dist.ProcessGroup | None = None,
                  initial_pool_bytes: int = 0, *, device: torch.device | int | str | None = None,
                  decision: Decision | None = None, topology=None):
+        initial_pool_bytes = as_pool_bytes(initial_pool_bytes)  # arguments before the machine
         if cuda_load_error:
             raise RuntimeError(f"UlyssesGroup needs the CUDA part of fast-ulysses: "
                                f"{cuda_load_error}")
@@ -62,6 +63,7 @@ class UlyssesGroup:
         self.group_name = self.process_group.group_name
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
+        ops.check_group(self.world_size, self.rank)  # the plan's limit, as on the fallback
         if device is None:
             device = torch.cuda.current_device()
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -77,7 +79,7 @@ class UlyssesGroup:
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
-        ops.create_group(self.group_name, self.device.index, as_pool_bytes(initial_pool_bytes))
+        ops.create_group(self.group_name, self.device.index, initial_pool_bytes)
         if self._debug:  # the backward (autograd.py) checks its calls through this group
             register_debugged(self)
 

@@ -90,7 +90,8 @@ def cannot_run_reason(t: Topology) -> str:
         if info.cuda_load_error:
             return f"the extension's CUDA part did not load on rank {r}: {info.cuda_load_error}"
     if t.world_size > MAX_RANKS:
-        return f"the group has {t.world_size} ranks: the fast path takes at most {MAX_RANKS}"
+        return (f"the group has {t.world_size} ranks: at most {MAX_RANKS} (one node), for the "
+                "fallback too (make_group raises)")
     hosts = _ranks_by(t, lambda info: info.hostname)
     if len(hosts) > 1:
         where = "; ".join(f"{h}: ranks {_ranks_text(rs)}" for h, rs in hosts.items())

@@ -53,8 +53,8 @@ def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_spl
     Raises:
         ValueError from `check_input` or from the plan, with the plan's message.
     """
-    check_input(x)
-    return plan(world_size, rank, mode, tuple(x.shape), x.dtype, seq_splits=seq_splits,
+    element_size = check_input(x)  # (plan() takes the element size as it is)
+    return plan(world_size, rank, mode, tuple(x.shape), element_size, seq_splits=seq_splits,
                 head_splits=head_splits, layout=layout)
 
 
@@ -105,7 +105,6 @@ def window_bytes_by_tag(calls: Iterable[CallSpec], world_size: int, rank: int) -
             raise ValueError(f"calls[{index}]: {error}") from error
         try:
             dtype = resolve_dtype(call.dtype)
-            check_input(torch.empty(0, 0, 0, 0, dtype=dtype, device="meta"))
             p = plan(world_size, rank, call.mode, tuple(call.shape), dtype,
                      seq_splits=call.seq_splits, head_splits=call.head_splits,
                      layout=call.layout)

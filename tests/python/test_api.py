@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 
 import fast_ulysses as fu
 from fast_ulysses import group as group_module
-from fast_ulysses.api import UlyssesGroupLike, as_mode, check_tag
+from fast_ulysses.api import UlyssesGroupLike, as_mode, as_pool_bytes, as_splits, check_tag
 from fast_ulysses.group import UlyssesGroup
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
@@ -160,7 +161,9 @@ def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
 @pytest.mark.parametrize("splits,message", [
     ([1.0], "seq_splits[0] is 1.0: split sizes must be ints"),
     ([True], "seq_splits[0] is True: split sizes must be ints"),
+    ([torch.tensor(True)], "seq_splits[0] is tensor(True): split sizes must be ints"),
     ("1", "seq_splits is '1': it must be a sequence of ints, one per rank"),
+    (torch.tensor(2), "seq_splits is tensor(2): it must be a sequence of ints, one per rank"),
 ])
 def test_splits_that_are_not_ints_are_one_error_everywhere(world1, fast_group, splits, message):
     """A float split is never cut short (4.7 -> 4) by one group and refused by the other: the
@@ -177,22 +180,28 @@ def test_splits_that_are_not_ints_are_one_error_everywhere(world1, fast_group, s
     assert [c for c in fast_group.recorder.calls if c[0] != "check_device"] == []
 
 
-def test_integer_splits_of_any_integer_type_reach_the_op_as_ints(fast_group):
+@pytest.mark.parametrize("seq", [[2], (2,), torch.tensor([2]), np.array([2]), [np.int64(2)],
+                                 [torch.tensor(2)], range(2, 3)])
+def test_integer_splits_of_any_integer_type_reach_the_op_as_ints(fast_group, seq):
     x = torch.zeros(1, 2, 2, 8)
-    fast_group.all_to_all_single_4d(x, 0, "t", seq_splits=torch.tensor([2]), head_splits=(2,))
+    fast_group.all_to_all_single_4d(x, 0, "t", seq_splits=seq, head_splits=(2,))
     (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
     assert args[4] == [2] and args[5] == [2] and all(type(v) is int for v in args[4] + args[5])
 
 
 @pytest.mark.parametrize("value", [1e9, -1, True, "1"])
 def test_pool_bytes_rule_is_one_message_for_both_groups(world1, value):
+    """Both groups check the argument before anything else (UlyssesGroup before it looks for
+    a GPU, so this runs on a machine without one)."""
     want = f"initial_pool_bytes is {value!r}: it must be an int >= 0"
-    with pytest.raises(ValueError) as info:
-        TorchUlyssesGroup(world1, value)
-    assert str(info.value) == want
-    with pytest.raises(ValueError) as info:  # UlyssesGroup converts with the same function
-        fu.api.as_pool_bytes(value)
-    assert str(info.value) == want
+    for cls in (TorchUlyssesGroup, UlyssesGroup):
+        with pytest.raises(ValueError) as info:
+            cls(world1, value)
+        assert str(info.value) == want, cls
+
+
+def test_pool_bytes_of_any_integer_type_are_taken():
+    assert [as_pool_bytes(v) for v in (0, 5, np.int64(7), torch.tensor(9))] == [0, 5, 7, 9]
 
 
 def test_tag_none_is_auto_for_owned_calls_and_refused_for_borrowed(world1, fast_group):
@@ -265,10 +274,12 @@ def test_mode_and_tag_rules_trace_under_torch_compile():
     """UlyssesGroup runs them inside compiled regions: they must not break the graph."""
     def f(x):
         check_tag("q")
-        return x * as_mode(fu.Mode.HEAD_TO_SEQ)
+        seq = as_splits([2, 3], "seq_splits")
+        heads = as_splits((4,), "head_splits")
+        return x * as_mode(fu.Mode.HEAD_TO_SEQ) * (seq[1] + heads[0])
 
     compiled = torch.compile(f, fullgraph=True, backend="eager")
-    assert torch.equal(compiled(torch.ones(3)), torch.ones(3))
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 7.0))
 
 
 @pytest.mark.parametrize("value", ["true", "2", "on"])

@@ -80,8 +80,9 @@ def test_more_ranks_than_one_node_raise_when_the_group_is_built(world1, monkeypa
 
     assert TorchUlyssesGroup(world1).world_size == 1  # the real group builds
     monkeypatch.setattr(torch_group.dist, "get_world_size", lambda group=None: 9)
-    with pytest.raises(ValueError, match=r"^world_size=9: must be in \[1, 8\] \(one node\)$"):
-        TorchUlyssesGroup(world1)
+    for build in (TorchUlyssesGroup, fast_ulysses.make_group):  # make_group: before any gather
+        with pytest.raises(ValueError, match=r"^world_size=9: must be in \[1, 8\] \(one node\)$"):
+            build(world1)
 
 
 @pytest.mark.parametrize("name", ["bool", "complex", "float64", "int64"])
