@@ -40,6 +40,13 @@ class CaptureGuard {
 EagerGraphs::~EagerGraphs() {
   clear();
   if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);
+  if (branch_stream_ != nullptr) cudaStreamDestroy(branch_stream_);
+}
+
+cudaStream_t EagerGraphs::branch_stream() {
+  if (branch_stream_ == nullptr)
+    FU_CUDA_CHECK(cudaStreamCreateWithFlags(&branch_stream_, cudaStreamNonBlocking));
+  return branch_stream_;
 }
 
 void EagerGraphs::clear() {

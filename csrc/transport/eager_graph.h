@@ -1,8 +1,9 @@
 // Eager calls launched from cached CUDA graphs. The part of a call that goes on the
 // communication stream (opening handshake, peer copies, closing handshake, and for an owned call
 // the copies of the peers' chunks into its result: one driver call per copy and per memop batch,
-// 60-70 us of host time at P = 8 on an H200 shared by eight ranks) is captured once per call
-// signature and operands, then issued with one cudaGraphLaunch. This is safe because the
+// 60-70 us of host time at P = 8 on an H200 shared by eight ranks), with this rank's own share
+// on a branch beside it, is captured once per call signature and operands, then issued with one
+// cudaGraphLaunch. This is safe because the
 // handshake's flags hold only constants (handshake.h): a graph of a call is the same work as the
 // eager call, every time. On unless FAST_ULYSSES_EAGER_GRAPHS=0 (env.h).
 //
@@ -44,6 +45,10 @@ class EagerGraphs {
   bool launch(const Key& signature, const std::vector<const void*>& operands, cudaStream_t stream,
               const std::function<void(cudaStream_t)>& issue);
 
+  // A second stream for `issue` to fork a branch of the captured work onto (through events
+  // from and back to its capture stream), created on first use.
+  cudaStream_t branch_stream();
+
   bool enabled() const { return enabled_; }
   // Calls launched from a cached graph so far; graphs cached; signatures issued call by call.
   int64_t launches() const { return launches_; }
@@ -67,6 +72,7 @@ class EagerGraphs {
   bool enabled_;
   int64_t launches_ = 0;
   cudaStream_t capture_stream_ = nullptr;
+  cudaStream_t branch_stream_ = nullptr;
   std::unordered_map<Key, Signature, KeyHash> signatures_;
   std::unordered_map<Key, cudaGraphExec_t, KeyHash> graphs_;  // signature + operands
 };

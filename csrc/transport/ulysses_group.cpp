@@ -155,7 +155,7 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
   issue_copies(copies, stream, batch);
 }
 
-void UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+bool UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
                                 const Window& window, int slot, bool owned, bool deferred,
                                 bool capturing) {
   const auto issue = [&](cudaStream_t stream, bool batch) {
@@ -180,11 +180,19 @@ void UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, cons
     // An owned call's graph also copies the peers' chunks into `out`: its address is keyed too.
     std::vector<const void*> operands = {x.const_data_ptr()};
     if (owned) operands.push_back(out.const_data_ptr());
-    if (eager_graphs_.launch(signature, operands, comm_,
-                             [&](cudaStream_t stream) { issue(stream, false); }))
-      return;
+    // The graph holds this rank's own share too, on a branch of its own beside the handshake
+    // and the peer copies (it needs neither): one launch is the whole call's work.
+    const auto capture = [&](cudaStream_t stream) {
+      cudaStream_t branch = eager_graphs_.branch_stream();
+      events_.join(stream, branch);
+      copy_own(plan.copies[rank()], x, out, branch);
+      issue(stream, false);
+      events_.join(branch, stream);
+    };
+    if (eager_graphs_.launch(signature, operands, comm_, capture)) return true;
   }
   issue(comm_, copy_batch_ && !capturing);
+  return false;
 }
 
 void UlyssesGroup::check_device(const at::Tensor& x) const {
@@ -212,6 +220,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
                                               x.scalar_type());
   ++tag.calls;
   const bool peers = world_size() > 1;
+  bool own_issued = false;  // the own share went into the call's cached graph (on M)
   profile_.mark(Stage::kSetup);
   if (peers) {
     events_.join(caller, comm_);
@@ -221,11 +230,11 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
       launch_fused(*fused, window.peers, comm_);
     } else {  // the closing handshake too: on M it needs nothing from the own share on C
       profile_.mark(Stage::kOpen);
-      issue_remote(x, out, plan, window, tag.slot, owned, deferred, in_capture);
+      own_issued = issue_remote(x, out, plan, window, tag.slot, owned, deferred, in_capture);
     }
     profile_.mark(Stage::kSend);
   }
-  if (!fused) {
+  if (!fused && !own_issued) {
     copy_own(plan.copies[rank()], x, out, caller);
   } else if (!peers) {
     launch_fused(*fused, {static_cast<char*>(out.data_ptr())}, caller);

@@ -5,7 +5,8 @@
 // call with peers forks M from C, runs the opening handshake and every remote copy on M (peer
 // rank+1 first, then rank+2, ...: peers are not all hit at once), copies this rank's own share
 // on C (straight into the result for an owned call; a same-device copy is an SM copy either
-// way), and closes on M. Every call joins M back into C before it returns: the result is ready
+// way; a call launched from a cached graph, eager_graph.h, copies it on a branch of that graph
+// instead), and closes on M. Every call joins M back into C before it returns: the result is ready
 // in C's stream order, as with c10d's all_to_all_single(async_op=False).
 // Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout,
 // entry point), replays of captured graphs included; window and pool decisions depend on that
@@ -99,8 +100,10 @@ class UlyssesGroup {
                    cudaStream_t stream, bool batch);
   // Opening handshake, peer copies, (unless deferred) closing handshake and (owned) the
   // peers' chunks into `out` on comm_, from a cached graph where the call's signature allows
-  // (eager_graph.h), else call by call.
-  void issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+  // (eager_graph.h), else call by call. True: it was a cached graph, which also copied this
+  // rank's own share into `out` (on a branch of the graph beside the rest); false: the caller
+  // copies the own share.
+  bool issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
                     const Window& window, int slot, bool owned, bool deferred, bool capturing);
   void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                 cudaStream_t caller);
