@@ -8,7 +8,9 @@
 
 #include <array>
 
+#include "ops/plan_errors.h"
 #include "plan/host_executor.h"
+#include "plan/tag_rules.h"
 
 namespace fast_ulysses::ops {
 namespace {
@@ -16,15 +18,6 @@ namespace {
 std::optional<std::vector<int64_t>> to_vector(const std::optional<at::IntArrayRef>& values) {
   if (!values) return std::nullopt;
   return values->vec();
-}
-
-template <typename Fn>
-auto translate_plan_errors(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const PlanError& error) {
-    TORCH_CHECK_VALUE(false, error.what());
-  }
 }
 
 // The columns of a descriptor row (the plan op's output, host_copy's input), in order: the one
@@ -120,8 +113,19 @@ std::vector<std::string> layouts_op() {
 }
 
 std::tuple<std::vector<std::string>, std::vector<int64_t>> limits_op() {
-  return {{"max_world_size", "max_bytes", "copy_engine_alignment"},
-          {kMaxWorldSize, kMaxBytes, kCopyEngineAlignment}};
+  return {{"max_world_size", "max_bytes", "copy_engine_alignment", "max_tags"},
+          {kMaxWorldSize, kMaxBytes, kCopyEngineAlignment, kMaxTags}};
+}
+
+void check_tag_use_op(std::string tag, int64_t tags_so_far, bool known, bool deferred) {
+  translate_plan_errors([&] {
+    check_tag_use(tag, tags_so_far, known, deferred);
+    return 0;
+  });
+}
+
+int64_t window_for_call_op(std::string tag, int64_t bytes, int64_t held_bytes, bool sealed) {
+  return translate_plan_errors([&] { return window_for_call(tag, bytes, held_bytes, sealed); });
 }
 
 Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,

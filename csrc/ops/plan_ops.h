@@ -32,6 +32,9 @@ void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef des
 
 // The plan's rule for a group's size and rank (ValueError with the plan's message).
 void check_group_op(int64_t world_size, int64_t rank);
+// plan/tag_rules.h for the torch fallback (ValueError with the rule's message).
+void check_tag_use_op(std::string tag, int64_t tags_so_far, bool known, bool deferred);
+int64_t window_for_call_op(std::string tag, int64_t bytes, int64_t held_bytes, bool sealed);
 
 at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string tag,
                            std::string group_name, std::optional<at::IntArrayRef> seq_splits,

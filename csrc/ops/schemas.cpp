@@ -33,9 +33,16 @@ TORCH_LIBRARY(fast_ulysses, m) {
   // The plan's rule for a group (1 <= world_size <= max_world_size, 0 <= rank < world_size):
   // raises ValueError, for groups that check it before any call (TorchUlyssesGroup).
   m.def("check_group(int world_size, int rank) -> ()");
+  // The per-tag rules of csrc/plan/tag_rules.h for the torch fallback (the transport applies
+  // them itself): a new tag past max_tags, or a deferred tag before barrier(), raises
+  // ValueError; window_for_call returns the bytes the tag's window holds after the call (-1 in:
+  // none yet) and raises where a sealed pool has no room for it.
+  m.def("check_tag_use(str tag, int tags_so_far, bool known, bool deferred) -> ()");
+  m.def("window_for_call(str tag, int bytes, int held_bytes, bool sealed) -> int");
   // Every layout name the plan takes, in enum order ("bshd", "sbhd", "bhsd").
   m.def("layouts() -> str[]");
-  // The limits of csrc/plan/plan.h, by name (max_world_size, max_bytes, copy_engine_alignment).
+  // The limits of csrc/plan/plan.h and tag_rules.h, by name (max_world_size, max_bytes,
+  // copy_engine_alignment, max_tags).
   m.def("limits() -> (str[] names, int[] values)");
 
   // The collectives. `group_name` is the c10d name of the process group the UlyssesGroup was
@@ -91,6 +98,8 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("limits", &fast_ulysses::ops::limits_op);
   m.impl("layouts", &fast_ulysses::ops::layouts_op);
   m.impl("check_group", &fast_ulysses::ops::check_group_op);
+  m.impl("check_tag_use", &fast_ulysses::ops::check_tag_use_op);
+  m.impl("window_for_call", &fast_ulysses::ops::window_for_call_op);
   m.impl("shapes", &fast_ulysses::ops::shapes_op);
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "plan/plan.h"
+#include "plan/tag_rules.h"
 
 namespace fast_ulysses::transport {
 
@@ -46,7 +47,7 @@ class MemOpBatch {
 
 class Handshake {
  public:
-  static constexpr int kMaxTags = 256;
+  static constexpr int kMaxTags = fast_ulysses::kMaxTags;  // plan/tag_rules.h
   static constexpr int kBarrierSlot = kMaxTags;  // the slot of group.barrier()
   static constexpr int kMaxRanks = kMaxWorldSize;  // plan.h's limit
   static constexpr int kWords = 3;

@@ -11,6 +11,8 @@
 #include <unordered_map>
 
 #include "kernels/norm_rope_launch.h"
+#include "ops/plan_errors.h"
+#include "plan/tag_rules.h"
 #include "transport/copy_engine.h"
 #include "transport/cuda_check.h"
 
@@ -86,9 +88,10 @@ const Plan& UlyssesGroup::plan(const std::vector<int64_t>& key,
 UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
   auto found = tags_.find(tag);
   if (found != tags_.end()) return found->second;
-  TORCH_CHECK_VALUE(static_cast<int>(tags_.size()) < Handshake::kMaxTags, "tag '", tag,
-                    "' would be the group's tag number ", tags_.size() + 1, ": at most ",
-                    Handshake::kMaxTags, " distinct tags per group");
+  translate_plan_errors([&] {
+    check_tag_use(tag, static_cast<int64_t>(tags_.size()), false, false);
+    return 0;
+  });
   TagState state;
   state.slot = static_cast<int>(tags_.size());  // first use order: the same on every rank
   state.name = std::make_shared<const std::string>(tag);
@@ -207,9 +210,11 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
   TagState& tag = tag_state(tag_name);
-  TORCH_CHECK_VALUE(!tag.deferred, "tag '", tag_name,
-                    "' was last used with barrier=False and group.barrier() has not run since: "
-                    "call group.barrier() before reusing the tag");
+  if (tag.deferred)
+    translate_plan_errors([&] {
+      check_tag_use(tag_name, static_cast<int64_t>(tags_.size()), true, true);
+      return 0;
+    });
   // Everything that can raise (plan, window, sealed pool, capture) runs before anything is
   // issued, and so does the result's allocation (ordered before the fork into M).
   const Window& window = window_for(tag, plan.window_bytes, in_capture);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "ops/plan_errors.h"
+#include "plan/tag_rules.h"
 #include "transport/cuda_check.h"
 #include "transport/handshake.h"
 
@@ -75,14 +77,12 @@ const Window* WindowPool::find(int slot, int64_t bytes) const {
 const Window& WindowPool::acquire(int slot, const std::string& tag, int64_t bytes) {
   if (const Window* window = find(slot, bytes)) return *window;
   auto found = windows_.find(slot);
-  TORCH_CHECK_VALUE(!sealed_, "tag '", tag, "' needs a window of ", bytes, " bytes but ",
-                    found == windows_.end()
-                        ? std::string("it was not declared")
-                        : "it was declared with " + std::to_string(found->second.bytes),
-                    " and the pool is sealed by reserve(): declare this call in reserve()");
-  // A tag that outgrows its window gets 1.5x its old one at least, so a size that creeps up
-  // call by call costs a logarithmic number of new windows (old ones are never reused).
-  if (found != windows_.end()) bytes = std::max(bytes, found->second.bytes * 3 / 2);
+  // The rule (sealed or not, how much a tag that outgrows its window gets) is the plan
+  // library's, which the fallback applies too; old windows are never reused.
+  bytes = translate_plan_errors([&] {
+    return window_for_call(tag, bytes, found == windows_.end() ? -1 : found->second.bytes,
+                           sealed_);
+  });
   Segment* segment = &segments_.back();
   if (segment->bytes - segment->used < bytes) {
     add_segment(std::max(bytes, segment->bytes), /*with_header=*/false);

@@ -34,9 +34,10 @@ def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: 
 
 def limits() -> dict[str, int]:
     """The product's limits, read from their one definition (csrc/plan/plan.h) through the
-    `limits` op: max_world_size (ranks of one group), max_bytes (of one tensor) and
+    `limits` op: max_world_size (ranks of one group), max_bytes (of one tensor),
     copy_engine_alignment (rows, pitches and addresses that are multiples of it take the
-    pitched copy-engine calls; others an SM copy kernel: a speed note, never a refusal)."""
+    pitched copy-engine calls; others an SM copy kernel: a speed note, never a refusal) and
+    max_tags (distinct tags one group may use, csrc/plan/tag_rules.h)."""
     names, values = ops.limits()
     return dict(zip(names, values))
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from ._ops import ops
 from .api import as_mode, as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled
@@ -70,7 +71,7 @@ class TorchUlyssesGroup:
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         # The plan's limit holds for this group too: raise here, not on every call.
-        torch.ops.fast_ulysses.check_group(self.world_size, self.rank)
+        ops.check_group(self.world_size, self.rank)
         self.initial_pool_bytes = initial_pool_bytes
         if decision is not None and decision.use_fast:
             raise ValueError(f"TorchUlyssesGroup was handed a decision for the fast group "
@@ -79,7 +80,13 @@ class TorchUlyssesGroup:
         self._destroyed = False
         self._debug = debug_enabled()
         self._calls = 0
-        self._tags: set[str] = set()
+        # The fast group's per-tag rules, applied here too (csrc/plan/tag_rules.h, through the
+        # ops), so a program that breaks one fails on a CPU test as it would on the GPU: the
+        # bytes each tag's window would hold there, the tags deferred by barrier=False, and
+        # whether reserve() sealed the pool. No memory is behind any of it.
+        self._windows: dict[str, int] = {}
+        self._deferred: set[str] = set()
+        self._sealed = False
 
     def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
                              seq_splits=None, head_splits=None,
@@ -114,41 +121,53 @@ class TorchUlyssesGroup:
                                       seq_splits=None, head_splits=None, layout: str = "bshd",
                                       barrier: bool = True) -> torch.Tensor:
         """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
-        `barrier` changes nothing (FAST_ULYSSES_DEBUG=1 still checks that every rank passes
-        the same). Arguments, returns and raises as `all_to_all_single_4d`; as on UlyssesGroup,
-        the tag must be given and an input that requires grad raises ValueError
-        (`fast_ulysses.autograd.check_borrowed_grad`)."""
+        ready when the call returns, whatever `barrier` says. The rules are UlyssesGroup's all
+        the same: the tag must be given, an input that requires grad raises ValueError
+        (`fast_ulysses.autograd.check_borrowed_grad`), and after barrier=False the tag refuses
+        its next call until `barrier()` (FAST_ULYSSES_DEBUG=1 also checks that every rank
+        passes the same `barrier`). Arguments, returns and raises as `all_to_all_single_4d`."""
         check_borrowed_tag(tag)
         check_borrowed_grad(x)
-        return self._call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits, head_splits,
-                          layout, bool(barrier))
+        out = self._call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits, head_splits,
+                         layout, bool(barrier))
+        if not barrier:
+            self._deferred.add(tag)
+        return out
 
     def barrier(self) -> None:
-        """The closing handshake of borrowed calls made with barrier=False: a no-op here."""
+        """Closes the borrowed calls made with barrier=False: their tags may be used again (the
+        data is already here; nothing is sent)."""
         self._check_alive()
+        self._deferred.clear()
 
     def reserve(self, calls) -> None:
-        """Checks the calls this process will make, as `UlyssesGroup.reserve` does; no window
-        is sized (there are none).
+        """Declares the calls this process will make and seals the group, as
+        `UlyssesGroup.reserve` does: afterwards a call whose tag was not declared (or used
+        before), or that needs more window than declared, raises ValueError. No memory is
+        allocated here (there are no windows); only the rule is the same.
 
         Arguments:
             calls: an iterable of `fast_ulysses.CallSpec`.
 
         Raises:
-            ValueError naming the first call the plan rejects.
+            ValueError naming the first call the plan rejects, or a tag past the tag limit.
         """
         self._check_alive()
-        window_bytes_by_tag(calls, self.world_size, self.rank)
+        sizes = window_bytes_by_tag(calls, self.world_size, self.rank)
+        for tag in sorted(sizes):
+            self._use_tag(tag)
+            self._windows[tag] = max(self._windows.get(tag, -1), sizes[tag])
+        self._sealed = True
 
     def stats(self) -> dict:
         """`UlyssesGroup.stats()`'s keys, for code that reads either group. There is no window
-        pool here, so `pool_bytes`, `used_bytes` and `segments` are 0, `sealed` is False
-        (`reserve()` only validates), `deferred` is 0 (no call is ever deferred) and the graph
-        counts are 0 (no call is issued from a cached graph); `tags` is the number of distinct
-        tags called so far, as on UlyssesGroup."""
+        pool here, so `pool_bytes`, `used_bytes` and `segments` are 0 and the graph counts are 0
+        (no call is issued from a cached graph); as on UlyssesGroup, `tags` is the number of
+        distinct tags called or declared so far, `sealed` whether `reserve()` ran, and
+        `deferred` the number of tags waiting for `barrier()`."""
         self._check_alive()
-        return {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
-                "tags": len(self._tags), "deferred": 0, "graph_calls": 0,
+        return {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": self._sealed,
+                "tags": len(self._windows), "deferred": len(self._deferred), "graph_calls": 0,
                 "graphs_cached": 0, "eager_only_signatures": 0}
 
     def destroy(self) -> None:
@@ -168,11 +187,21 @@ class TorchUlyssesGroup:
         check_tag(tag)
         p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
                       head_splits=head_splits, layout=layout)
-        self._tags.add(tag)
+        self._use_tag(tag)
+        held = self._windows.get(tag, -1)
+        if p.window_bytes > held:
+            self._windows[tag] = ops.window_for_call(tag, p.window_bytes, held, self._sealed)
         if not (x.requires_grad and torch.is_grad_enabled()):
             return _exchange(x, p, self.process_group)
         return TorchAllToAll.apply(x, self, lambda: _exchange(x, p, self.process_group),
                                    as_mode(mode), tag, seq_splits, head_splits, layout)
+
+    def _use_tag(self, tag: str) -> None:
+        """The fast group's tag rules: at most `limits()["max_tags"]` distinct tags, and none
+        deferred by barrier=False before `barrier()` (ValueError, the transport's message)."""
+        known = tag in self._windows
+        if not known or tag in self._deferred:
+            ops.check_tag_use(tag, len(self._windows), known, tag in self._deferred)
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -261,10 +261,15 @@ def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
                              "tags": 0, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
                              "eager_only_signatures": 0}
     assert list(group.stats()) == list(fast_group.stats())
-    for tag in ("q", "k", "q"):
+    for tag in ("q", "k"):
         group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, tag, barrier=False)
+    assert group.stats()["deferred"] == 2
+    group.barrier()
+    group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, "q")
     group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, "v")])
-    assert group.stats()["tags"] == 2 and group.stats()["sealed"] is False
+    assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": True,
+                             "tags": 3, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
+                             "eager_only_signatures": 0}
     group.destroy()
     with pytest.raises(RuntimeError, match="destroyed"):
         group.stats()

@@ -80,7 +80,8 @@ def test_input_shape_is_the_plans():
 def test_limits_and_layouts_come_from_the_plan():
     assert LAYOUTS == ("bshd", "sbhd", "bhsd")
     got = limits()
-    assert got == {"max_world_size": 8, "max_bytes": 2 ** 50, "copy_engine_alignment": 16}
+    assert got == {"max_world_size": 8, "max_bytes": 2 ** 50, "copy_engine_alignment": 16,
+                   "max_tags": 256}
     with pytest.raises(ValueError, match=r"world_size=9: must be in \[1, 8\]"):
         fu.plan(got["max_world_size"] + 1, 0, 0, (1, 4, 8, 64), torch.bfloat16)
 

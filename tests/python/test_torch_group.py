@@ -14,6 +14,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 import fast_ulysses
+from fast_ulysses.plan import limits
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec, check_input, window_bytes_by_tag
 
@@ -192,6 +193,61 @@ def test_reserve_checks_calls(world1):
     group.reserve([CallSpec((1, 6, 8, 128), torch.bfloat16, 0, "q")])
     with pytest.raises(ValueError, match="element size"):
         group.reserve([CallSpec((1, 6, 8, 128), torch.float64, 0, "q")])
+
+
+# The fast group's per-tag rules hold on the fallback too (one C++ definition, csrc/plan/
+# tag_rules.h): a program that breaks one must fail in a CPU test, not first on the GPU.
+
+def test_reserve_seals_the_group_as_on_the_fast_group(world1):
+    group = TorchUlyssesGroup(world1)
+    x = torch.ones(1, 6, 8, 16)
+    group.all_to_all_single_4d(x, 0, "early")  # a tag used before reserve() keeps its window
+    assert group.stats()["sealed"] is False
+    group.reserve([CallSpec((1, 6, 8, 16), torch.float32, 0, "q")])
+    assert group.stats()["sealed"] is True and group.stats()["tags"] == 2
+    assert torch.equal(group.all_to_all_single_4d(x, 0, "q"), x)  # declared
+    assert torch.equal(group.all_to_all_single_4d(x[:, :3].contiguous(), 0, "q"), x[:, :3])
+    assert torch.equal(group.all_to_all_single_4d_borrowed(x, 0, "early"), x)
+    with pytest.raises(ValueError, match=r"tag 'z' needs a window of 3072 bytes but it was not "
+                                         r"declared and the pool is sealed by reserve\(\)"):
+        group.all_to_all_single_4d(x, 0, "z")
+    with pytest.raises(ValueError, match=r"tag 'q' needs a window of 6144 bytes but it was "
+                                         r"declared with 3072 .*declare this call in reserve"):
+        group.all_to_all_single_4d_borrowed(torch.ones(1, 12, 8, 16), 0, "q")
+    group.reserve([CallSpec((1, 12, 8, 16), torch.float32, 0, "q")])  # declared larger now
+    assert group.all_to_all_single_4d(torch.ones(1, 12, 8, 16), 0, "q").shape == (1, 12, 8, 16)
+
+
+def test_deferred_tag_refused_until_barrier(world1):
+    group = TorchUlyssesGroup(world1)
+    x = torch.arange(48.0).reshape(1, 3, 4, 4)
+    for t in ("q", "k"):
+        assert torch.equal(group.all_to_all_single_4d_borrowed(x, 0, t, barrier=False), x)
+    assert group.stats()["deferred"] == 2
+    assert torch.equal(group.all_to_all_single_4d_borrowed(x, 0, "v"), x)  # another tag: fine
+    for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
+        with pytest.raises(ValueError, match=r"tag 'q' was last used with barrier=False and "
+                                             r"group.barrier\(\) has not run since"):
+            entry(x, 0, "q")
+    group.barrier()
+    assert group.stats()["deferred"] == 0
+    assert torch.equal(group.all_to_all_single_4d(x, 0, "q"), x)
+
+
+def test_tag_limit_as_on_the_fast_group(world1):
+    group = TorchUlyssesGroup(world1)
+    x = torch.ones(1, 1, 1, 4)
+    limit = limits()["max_tags"]
+    assert limit == 256
+    for k in range(limit):
+        group.all_to_all_single_4d(x, 0, f"t{k}")
+    group.all_to_all_single_4d(x, 0, "t0")  # a known tag is always fine
+    with pytest.raises(ValueError, match=r"tag 'one more' would be the group's tag number 257: "
+                                         r"at most 256 distinct tags per group"):
+        group.all_to_all_single_4d(x, 0, "one more")
+    with pytest.raises(ValueError, match="at most 256 distinct tags"):
+        group.reserve([CallSpec((1, 1, 1, 4), torch.float32, 0, "declared")])
+    assert group.stats()["tags"] == limit
 
 
 @pytest.mark.parametrize("op", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed"])
