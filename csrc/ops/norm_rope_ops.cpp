@@ -2,8 +2,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <cmath>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "ops/plan_ops.h"
 
@@ -27,7 +30,43 @@ void check_table(const char* name, const at::Tensor& t, const at::Tensor& x, int
                     x.device(), ": they must be on one device");
 }
 
+// The names the fused call takes, each with what it means (the error lists them): the one
+// definition, which Python reads through the op norm_rope_choices.
+struct Choice {
+  const char* name;
+  const char* meaning;
+};
+constexpr std::array<Choice, 2> kNorms = {{
+    {"all_heads", "Wan: the mean over every head of a token"},
+    {"per_head", "HunyuanVideo: the mean over each head"},
+}};
+constexpr std::array<Choice, 2> kRopeStyles = {{
+    {"interleaved", "pairs 2i, 2i+1"},
+    {"half", "rotate-half: pairs i, i + d/2"},
+}};
+
+void check_choice(const char* argument, const std::string& value,
+                  const std::array<Choice, 2>& choices) {
+  for (const Choice& choice : choices)
+    if (value == choice.name) return;
+  std::ostringstream rule;
+  for (size_t i = 0; i < choices.size(); ++i)
+    rule << (i == 0 ? "" : " or ") << "'" << choices[i].name << "' (" << choices[i].meaning
+         << ")";
+  TORCH_CHECK_VALUE(false, argument, "='", value, "': must be ", rule.str());
+}
+
+std::vector<std::string> names(const std::array<Choice, 2>& choices) {
+  std::vector<std::string> out;
+  for (const Choice& choice : choices) out.emplace_back(choice.name);
+  return out;
+}
+
 }  // namespace
+
+std::tuple<std::vector<std::string>, std::vector<std::string>> norm_rope_choices_op() {
+  return {names(kNorms), names(kRopeStyles)};
+}
 
 kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& norm_weight,
                                       double eps, const at::Tensor& cos, const at::Tensor& sin,
@@ -45,12 +84,8 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
       TORCH_CHECK_VALUE(false, "x has dtype ", x.scalar_type(), ": the fused norm + RoPE "
                         "scatter takes bfloat16, float16 or float32");
   }
-  TORCH_CHECK_VALUE(norm == "all_heads" || norm == "per_head", "norm='", norm,
-                    "': must be 'all_heads' (Wan: the mean over every head of a token) or "
-                    "'per_head' (HunyuanVideo: the mean over each head)");
-  TORCH_CHECK_VALUE(rope_style == "interleaved" || rope_style == "half", "rope_style='",
-                    rope_style, "': must be 'interleaved' (pairs 2i, 2i+1) or 'half' "
-                    "(rotate-half: pairs i, i + d/2)");
+  check_choice("norm", norm, kNorms);
+  check_choice("rope_style", rope_style, kRopeStyles);
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "eps=", eps, ": must be a finite number > 0");
   args.sbhd = layout == "sbhd";
   args.s_local = x.size(args.sbhd ? 0 : 1);
@@ -59,8 +94,8 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
   args.head_dim = x.size(3);
   TORCH_CHECK_VALUE(args.head_dim % 2 == 0, "x has head_dim ", args.head_dim,
                     ": RoPE rotates pairs, so head_dim must be even");
-  args.per_head = norm == "per_head";
-  args.half_style = rope_style == "half";
+  args.per_head = norm == kNorms[1].name;
+  args.half_style = rope_style == kRopeStyles[1].name;
   args.eps = static_cast<float>(eps);
   const int64_t weights = args.per_head ? args.head_dim : args.heads * args.head_dim;
   TORCH_CHECK_VALUE(norm_weight.scalar_type() == at::kFloat && norm_weight.dim() == 1 &&

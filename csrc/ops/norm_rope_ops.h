@@ -22,6 +22,9 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
                                       const std::string& norm, const std::string& rope_style,
                                       const std::string& layout);
 
+// The names norm= and rope_style= take, in order (the op norm_rope_choices).
+std::tuple<std::vector<std::string>, std::vector<std::string>> norm_rope_choices_op();
+
 // The op's CompositeExplicitAutograd kernel (the checks alone).
 void check_norm_rope_op(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                         const at::Tensor& cos, const at::Tensor& sin, std::string norm,

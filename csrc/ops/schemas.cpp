@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "env/env.h"
 #include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
 
@@ -39,6 +40,11 @@ TORCH_LIBRARY(fast_ulysses, m) {
   // none yet) and raises where a sealed pool has no room for it.
   m.def("check_tag_use(str tag, int tags_so_far, bool known, bool deferred) -> ()");
   m.def("window_for_call(str tag, int bytes, int held_bytes, bool sealed) -> int");
+  // The environment switches of csrc/env/env.h (the one parser): the value of one 0|1 switch
+  // (its default when unset or empty), and a check of every setting; both raise ValueError
+  // naming the variable for a bad value.
+  m.def("env_switch(str name) -> bool");
+  m.def("check_env() -> ()");
   // Every layout name the plan takes, in enum order ("bshd", "sbhd", "bhsd").
   m.def("layouts() -> str[]");
   // The limits of csrc/plan/plan.h and tag_rules.h, by name (max_world_size, max_bytes,
@@ -83,16 +89,25 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def(
       "check_norm_rope(Tensor x, Tensor norm_weight, float eps, Tensor cos, Tensor sin, "
       "str norm, str rope_style, str layout) -> ()");
+  // The names norm= and rope_style= take (fast_ulysses.fused.NORMS and ROPE_STYLES read them).
+  m.def("norm_rope_choices() -> (str[] norms, str[] rope_styles)");
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
   m.impl("host_copy", &fast_ulysses::ops::host_copy);
 }
 
+namespace {
+
+bool env_switch(std::string name) { return fast_ulysses::switch_value(name); }
+
+}  // namespace
+
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("plan", &fast_ulysses::ops::plan_op);
   m.impl("descriptor_fields", &fast_ulysses::ops::descriptor_fields);
   m.impl("check_norm_rope", &fast_ulysses::ops::check_norm_rope_op);
+  m.impl("norm_rope_choices", &fast_ulysses::ops::norm_rope_choices_op);
   m.impl("check_input", &fast_ulysses::ops::check_input_op);
   m.impl("check_borrowed_grad", &fast_ulysses::ops::check_borrowed_grad);
   m.impl("limits", &fast_ulysses::ops::limits_op);
@@ -101,6 +116,8 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("check_tag_use", &fast_ulysses::ops::check_tag_use_op);
   m.impl("window_for_call", &fast_ulysses::ops::window_for_call_op);
   m.impl("shapes", &fast_ulysses::ops::shapes_op);
+  m.impl("env_switch", &env_switch);
+  m.impl("check_env", &fast_ulysses::check_env);
 }
 
 namespace {

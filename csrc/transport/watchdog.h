@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "transport/env.h"
+#include "env/env.h"
 #include "transport/handshake.h"
 
 namespace fast_ulysses::transport {

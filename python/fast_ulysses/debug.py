@@ -17,7 +17,7 @@ from .validation import plan_call
 
 def debug_enabled() -> bool:
     """FAST_ULYSSES_DEBUG (0|1), read when a group is built; another value raises ValueError."""
-    return switch(DEBUG_ENV, False)
+    return switch(DEBUG_ENV)
 
 
 _DEBUGGED: dict = {}  # process-group name -> weakref to a live UlyssesGroup built with debug on

@@ -27,8 +27,8 @@ import torch
 from ._ops import ops
 from .api import as_splits, check_tag
 
-NORMS = ("all_heads", "per_head")
-ROPE_STYLES = ("interleaved", "half")
+# The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
+NORMS, ROPE_STYLES = (tuple(names) for names in ops.norm_rope_choices())
 
 
 def norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,

@@ -24,7 +24,7 @@ _PATH_NAMES = {0: "SAME", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"
 
 def env_allows_shared_gpu() -> bool:
     """True when this process set FAST_ULYSSES_ALLOW_SHARED_GPU=1."""
-    return switch(SHARED_GPU_ENV, False)
+    return switch(SHARED_GPU_ENV)
 
 
 def visible_gpu_count() -> int:

@@ -28,13 +28,23 @@ def test_doctor_table_exits_0():
     assert "make_group verdict" in done.stdout
 
 
-@pytest.mark.parametrize("name", ["FAST_ULYSSES_ALLOW_SHARED_GPU", "FAST_ULYSSES_DEBUG"])
-def test_doctor_refuses_a_bad_switch_without_a_traceback(name, monkeypatch):
-    monkeypatch.setenv(name, "yes")
+@pytest.mark.parametrize("name,value,rule", [
+    ("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes", "must be 0 (off) or 1 ("),
+    ("FAST_ULYSSES_DEBUG", "yes", "must be 0 (off) or 1 ("),
+    ("FAST_ULYSSES_EAGER_GRAPHS", "on", "must be 0 (call by call) or 1 ("),
+    ("FAST_ULYSSES_COPY_BATCH", "2", "must be 1 (one batched copy call per handshake) or 0"),
+    ("FAST_ULYSSES_HOST_PROFILE", "true", "must be 0 (off) or 1 (time each stage"),
+    ("FAST_ULYSSES_WATCHDOG_S", "-1", "must be a number of seconds >= 0"),
+    ("FAST_ULYSSES_WATCHDOG_ACTION", "kill", "must be 'report' or 'abort'"),
+])
+def test_doctor_refuses_a_bad_setting_without_a_traceback(name, value, rule, monkeypatch):
+    """Every FAST_ULYSSES_* setting, the transport's included (one parser, csrc/env): a bad
+    value is a usage error before the report, which would depend on it."""
+    monkeypatch.setenv(name, value)
     done = _doctor("--no-symm-init")
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
-    want = f"fast-ulysses doctor: error: {name}=yes: must be 0 (off) or 1 ("
+    want = f"fast-ulysses doctor: error: {name}={value}: {rule}"
     assert done.stderr.strip().startswith(want) and "\n" not in done.stderr.strip(), done.stderr
     assert done.stdout == ""
 

@@ -1,7 +1,8 @@
 """`fast-ulysses doctor`: what this machine offers the fast path, and the verdict make_group would
 reach for a group of every visible GPU (one rank per GPU). Exits 0 even with no GPU or driver;
-2, with the reason, when FAST_ULYSSES_DEBUG or FAST_ULYSSES_ALLOW_SHARED_GPU (the switches the
-report depends on) holds a value other than 0 or 1."""
+2, with the reason, when a FAST_ULYSSES_* setting holds a value it cannot take (the switches,
+the transport's included, and the watchdog's settings: `fast_ulysses.env.check_switches`), since
+the report, or the group it describes, would depend on it."""
 
 from __future__ import annotations
 
