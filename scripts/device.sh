@@ -16,8 +16,13 @@
 #           check at every P (it builds groups with the switch on and off), then Wan 720p host cost
 #           with the switch on and off, alternately (EAGER_RUNS, default "1 2": twice), at EAGER_P
 #           (default 2 8), with the host time by stage
+#   ab      Wan 720p host cost by stage at AB_P (default 8) of the commit in .carry/old and of this
+#           tree, alternately (old, new, old, new), both installed outside the tree
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
+#   probe   host time of single driver calls and of graph launches shaped like a P = 8 call,
+#           without torch or peers (benchmarks/launch_probe.cu): one process, then PROBE_N (default
+#           8) processes at once on the GPU, as ranks sharing it are
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
 #   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran, then
@@ -60,6 +65,13 @@ build_old() {
   echo "old build $(( $(date +%s) - t0 )) s"
 }
 
+install_new() {  # this tree outside the tree, in /tmp/new (the editable install's import hook
+  # would win over PYTHONPATH, so it is removed)
+  [ -d /tmp/new/fast_ulysses ] || python3 -m pip install -q . --no-build-isolation --no-deps \
+    --target /tmp/new > "$OUT/build_new.log" 2>&1 || tail -20 "$OUT/build_new.log"
+  python3 -m pip uninstall -y -q fast-ulysses > /dev/null 2>&1
+}
+
 if has before && [ -d .carry/old ]; then
   build_old && PYTHONPATH=/tmp/old:${PYTHONPATH:-} quick before
 fi
@@ -70,6 +82,14 @@ python3 -m pip install -e . --no-build-isolation --no-deps > "$OUT/build.log" 2>
 echo "build $(( $(date +%s) - t0 )) s"
 python3 -c "import fast_ulysses as f, torch; print('import ok', f.__version__, 'torch', torch.__version__, '| cuda part:', f.cuda_load_error or 'loaded')"
 
+if has probe; then
+  nvcc -O2 -arch=sm_90 -std=c++17 benchmarks/launch_probe.cu -lcuda -o /tmp/launch_probe \
+    > "$OUT/probe_build.log" 2>&1 || tail -5 "$OUT/probe_build.log"
+  echo "launch probe, one process:"; timeout 120 /tmp/launch_probe | tee "$OUT/probe_1.txt"
+  echo "launch probe, ${PROBE_N:-8} processes at once (each process's lines):"
+  for i in $(seq ${PROBE_N:-8}); do timeout 240 /tmp/launch_probe --quiet > "$OUT/probe_n$i.txt" 2>&1 & done
+  wait; cat "$OUT/probe_n1.txt"; echo "(process 8:)"; cat "$OUT/probe_n${PROBE_N:-8}.txt"
+fi
 if has tests; then
   timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     tests/distributed/a2a_correctness.py --iterations 200 > "$OUT/nccl_p1.log" 2>&1
@@ -136,15 +156,21 @@ if has fused; then
   fi
   if [ -d .carry/old ] && build_old; then
     # Both outside the tree: the editable install's import hook would win over PYTHONPATH.
-    python3 -m pip install -q . --no-build-isolation --no-deps --target /tmp/new \
-      > "$OUT/build_new.log" 2>&1 || tail -20 "$OUT/build_new.log"
-    python3 -m pip uninstall -y -q fast-ulysses > /dev/null 2>&1
+    install_new
     for label in new1 old1 new2 old2; do
       PYTHONPATH=/tmp/${label%?}:${PYTHONPATH:-} fused_bench "$label"
     done
   else
     fused_bench new1
   fi
+fi
+if has ab && [ -d .carry/old ] && build_old && install_new; then
+  for run in 1 2; do
+    for which in old new; do
+      PYTHONPATH=/tmp/$which:${PYTHONPATH:-} FAST_ULYSSES_HOST_PROFILE=1 \
+        quick_one "ab_${which}$run" ${AB_P:-8}
+    done
+  done
 fi
 if has oldgraph && [ -d .carry/old ] && build_old; then
   # The worker is this checkout's; the package under test is the old one (the editable install's

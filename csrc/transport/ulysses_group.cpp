@@ -158,44 +158,42 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
   issue_copies(copies, stream, batch);
 }
 
-bool UlyssesGroup::issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
-                                const Window& window, int slot, bool owned, bool deferred,
-                                bool capturing) {
-  const auto issue = [&](cudaStream_t stream, bool batch) {
-    open(slot, owned, stream);
-    send_remote(x, plan, window, stream, batch);
-    if (!deferred) close(slot, stream);
-    if (owned) finish_owned(out, plan, window, slot, false, stream);
+void UlyssesGroup::issue_peers(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+                               const Window& window, int slot, bool owned, bool deferred,
+                               cudaStream_t stream, bool batch) {
+  open(slot, owned, stream);
+  send_remote(x, plan, window, stream, batch);
+  if (!deferred) close(slot, stream);
+  if (owned) finish_owned(out, plan, window, slot, false, stream);
+}
+
+bool UlyssesGroup::launch_cached(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+                                 const Window& window, int slot, bool owned, bool deferred,
+                                 cudaStream_t stream) {
+  if (!eager_graphs_.enabled()) return false;  // no key is built: every call's path
+  EagerGraphs::Key signature = {slot, owned, deferred};
+  for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
+  const auto add = [&signature](const std::vector<CopyDescriptor>& copies) {
+    for (const CopyDescriptor& c : copies)
+      signature.insert(signature.end(),
+                       {c.src_offset, c.dst_offset, c.width, c.height, c.depth, c.src_pitch,
+                        c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
   };
-  // (Under the caller's own capture the work goes into its graph as is; with the cache off no
-  // key is built: this is every call's path.)
-  if (!capturing && eager_graphs_.enabled()) {
-    EagerGraphs::Key signature = {slot, owned, deferred};
-    for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
-    const auto add = [&signature](const std::vector<CopyDescriptor>& copies) {
-      for (const CopyDescriptor& c : copies)
-        signature.insert(signature.end(),
-                         {c.src_offset, c.dst_offset, c.width, c.height, c.depth, c.src_pitch,
-                          c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
-    };
-    add(plan.copies);
-    if (owned) add(plan.collect);
-    // An owned call's graph also copies the peers' chunks into `out`: its address is keyed too.
-    std::vector<const void*> operands = {x.const_data_ptr()};
-    if (owned) operands.push_back(out.const_data_ptr());
-    // The graph holds this rank's own share too, on a branch of its own beside the handshake
-    // and the peer copies (it needs neither): one launch is the whole call's work.
-    const auto capture = [&](cudaStream_t stream) {
-      cudaStream_t branch = eager_graphs_.branch_stream();
-      events_.join(stream, branch);
-      copy_own(plan.copies[rank()], x, out, branch);
-      issue(stream, false);
-      events_.join(branch, stream);
-    };
-    if (eager_graphs_.launch(signature, operands, comm_, capture)) return true;
-  }
-  issue(comm_, copy_batch_ && !capturing);
-  return false;
+  add(plan.copies);
+  if (owned) add(plan.collect);
+  // An owned call's graph also copies the peers' chunks into `out`: its address is keyed too.
+  std::vector<const void*> operands = {x.const_data_ptr()};
+  if (owned) operands.push_back(out.const_data_ptr());
+  // The graph holds this rank's own share too, on a branch of its own beside the handshake
+  // and the peer copies (it needs neither): one launch is the whole call's work.
+  const auto capture = [&](cudaStream_t capture_stream) {
+    cudaStream_t branch = eager_graphs_.branch_stream();
+    events_.join(capture_stream, branch);
+    copy_own(plan.copies[rank()], x, out, branch);
+    issue_peers(x, out, plan, window, slot, owned, deferred, capture_stream, false);
+    events_.join(branch, capture_stream);
+  };
+  return eager_graphs_.launch(signature, operands, stream, capture);
 }
 
 void UlyssesGroup::check_device(const at::Tensor& x) const {
@@ -225,8 +223,22 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
                                               x.scalar_type());
   ++tag.calls;
   const bool peers = world_size() > 1;
-  bool own_issued = false;  // the own share went into the call's cached graph (on M)
   profile_.mark(Stage::kSetup);
+  const CallKind kind = owned ? CallKind::kOwned : CallKind::kBorrowed;
+  // A call closed by its own handshake, with nothing deferred on M before it, launches its
+  // cached graph on C itself: C would wait for all of it anyway, and M holds nothing C has not
+  // waited for, so the fork into M and the join back (four driver calls) order nothing.
+  if (peers && !fused && !deferred && !in_capture && deferred_tags_ == 0) {
+    profile_.mark(Stage::kOpen);
+    if (launch_cached(x, out, plan, window, tag.slot, owned, deferred, caller)) {
+      profile_.mark(Stage::kSend);
+      watch(caller, kind, tag);
+      profile_.mark(Stage::kFinish);
+      profile_.end_call();
+      return out;
+    }
+  }
+  bool own_issued = false;  // the own share went into the call's cached graph (on M)
   if (peers) {
     events_.join(caller, comm_);
     if (fused) {
@@ -235,7 +247,11 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
       launch_fused(*fused, window.peers, comm_);
     } else {  // the closing handshake too: on M it needs nothing from the own share on C
       profile_.mark(Stage::kOpen);
-      own_issued = issue_remote(x, out, plan, window, tag.slot, owned, deferred, in_capture);
+      own_issued = !in_capture &&
+                   launch_cached(x, out, plan, window, tag.slot, owned, deferred, comm_);
+      if (!own_issued)
+        issue_peers(x, out, plan, window, tag.slot, owned, deferred, comm_,
+                    copy_batch_ && !in_capture);
     }
     profile_.mark(Stage::kSend);
   }
@@ -246,7 +262,10 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   }
   profile_.mark(Stage::kOwnShare);
   // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
-  if (deferred) tag.deferred = true;
+  if (deferred) {
+    tag.deferred = true;
+    ++deferred_tags_;
+  }
   if (!peers) {  // one rank: the own share was the whole call, on C
     profile_.end_call();
     return out;
@@ -265,8 +284,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   if (fused) close(tag.slot, comm_);
   profile_.mark(Stage::kClose);
   if (owned && fused) finish_owned(out, plan, window, tag.slot, true, comm_);
-  join_caller(caller, owned ? CallKind::kOwned : CallKind::kBorrowed, tag.name, tag.slot,
-              tag.calls, in_capture);
+  join_caller(caller, kind, tag.name, tag.slot, tag.calls, in_capture);
   profile_.mark(Stage::kFinish);
   profile_.end_call();
   return out;
@@ -326,6 +344,10 @@ void UlyssesGroup::join_caller(cudaStream_t caller, CallKind kind,
   if (!capturing) watchdog_->watch(std::move(done), kind, std::move(tag), slot, call);
 }
 
+void UlyssesGroup::watch(cudaStream_t caller, CallKind kind, const TagState& tag) {
+  watchdog_->watch(events_.record(caller), kind, tag.name, tag.slot, tag.calls);
+}
+
 void UlyssesGroup::reserve(const std::vector<std::string>& tags,
                            const std::vector<int64_t>& window_bytes) {
   TORCH_CHECK_VALUE(tags.size() == window_bytes.size(), "reserve: ", tags.size(), " tags but ",
@@ -344,6 +366,7 @@ void UlyssesGroup::barrier() {
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
   for (auto& entry : tags_) entry.second.deferred = false;
+  deferred_tags_ = 0;
   if (world_size() == 1) return;
   ++barriers_;
   events_.join(caller, comm_);  // under capture this also brings M into the graph

@@ -7,7 +7,9 @@
 // on C (straight into the result for an owned call; a same-device copy is an SM copy either
 // way; a call launched from a cached graph, eager_graph.h, copies it on a branch of that graph
 // instead), and closes on M. Every call joins M back into C before it returns: the result is ready
-// in C's stream order, as with c10d's all_to_all_single(async_op=False).
+// in C's stream order, as with c10d's all_to_all_single(async_op=False). A call launched from a
+// cached graph that is closed by its own handshake, with no deferred call open, runs its graph on
+// C itself: nothing to fork or join.
 // Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout,
 // entry point), replays of captured graphs included; window and pool decisions depend on that
 // sequence only. Breaking it leaves a wait unsatisfied; the watchdog reports such a wait after
@@ -99,12 +101,15 @@ class UlyssesGroup {
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
                    cudaStream_t stream, bool batch);
   // Opening handshake, peer copies, (unless deferred) closing handshake and (owned) the
-  // peers' chunks into `out` on comm_, from a cached graph where the call's signature allows
-  // (eager_graph.h), else call by call. True: it was a cached graph, which also copied this
-  // rank's own share into `out` (on a branch of the graph beside the rest); false: the caller
-  // copies the own share.
-  bool issue_remote(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
-                    const Window& window, int slot, bool owned, bool deferred, bool capturing);
+  // peers' chunks into `out`, call by call on `stream` (comm_, or a stream being captured).
+  void issue_peers(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+                   const Window& window, int slot, bool owned, bool deferred, cudaStream_t stream,
+                   bool batch);
+  // The same work and this rank's own share (on a branch beside it) launched on `stream` from
+  // the call's cached graph (eager_graph.h): true when it was; false: nothing was issued.
+  bool launch_cached(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
+                     const Window& window, int slot, bool owned, bool deferred,
+                     cudaStream_t stream);
   void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                 cudaStream_t caller);
   void launch_fused(FusedNormRope& fused, const std::vector<char*>& windows, cudaStream_t stream);
@@ -113,6 +118,8 @@ class UlyssesGroup {
   // M's closing event joined into the caller's stream, and watched unless capturing.
   void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const std::string> tag,
                    int slot, uint64_t call, bool capturing);
+  // The watchdog watches an event recorded on `caller` now (a call launched on C itself).
+  void watch(cudaStream_t caller, CallKind kind, const TagState& tag);
 
   std::string group_name_;
   c10::Device device_;
@@ -129,6 +136,7 @@ class UlyssesGroup {
   MemOpBatch batch_;  // reused: its storage stays allocated between calls
   EagerGraphs eager_graphs_;
   uint64_t barriers_ = 0;
+  int deferred_tags_ = 0;  // tags whose last call was deferred: M holds work C has not joined
   std::unique_ptr<Watchdog> watchdog_;
 };
 

@@ -193,7 +193,8 @@ class Checker:
         group of its own with the switch on, then off (the switch is read when a group is
         built). On: copy and borrowed calls repeating one signature, x at a new address each
         call and then at one address; rows the copy engines are not given (a kernel in the
-        graph); q, k, v with barrier=False + barrier(): every one must be launched from a graph
+        graph); q, k, v with barrier=False + barrier(); an owned call while a deferred one is
+        open, then barrier() and one more call: every one must be launched from a graph
         (none at P = 1, which has no communication stream work). Then one signature whose x
         moves on every call: it must turn eager-only after a bounded number of graphs. Off: no
         graph at all. Every result checked against simulate."""
@@ -250,6 +251,24 @@ class Checker:
         for t, got, x in zip("qkv", outs, xs):
             self.expect(f"{switch}: deferred {t} after barrier()", got,
                         fu.simulate(x, 0, **self.splits(aligned))[self.rank])
+        n += 3
+        # A call closed by its own handshake while a deferred call is open (its graph goes on the
+        # communication stream, after the deferred one), then barrier(), then one more (its
+        # graph on the caller's stream: nothing deferred is open).
+        xq, xo, xp = (inputs_for(aligned, self.P, seed=710 + i) for i in range(3))
+        q = group.all_to_all_single_4d_borrowed(xq[self.rank].to(self.device), 0, "graphs-q",
+                                                barrier=False, **self.splits(aligned))
+        o = group.all_to_all_single_4d(xo[self.rank].to(self.device), 0, "graphs-o",
+                                       **self.splits(aligned))
+        self.expect(f"{switch}: owned call while q is deferred", o,
+                    fu.simulate(xo, 0, **self.splits(aligned))[self.rank])
+        group.barrier()
+        self.expect(f"{switch}: deferred q after the owned call and barrier()", q,
+                    fu.simulate(xq, 0, **self.splits(aligned))[self.rank])
+        p = group.all_to_all_single_4d_borrowed(xp[self.rank].to(self.device), 0, "graphs-p",
+                                                **self.splits(aligned))
+        self.expect(f"{switch}: borrowed call after barrier()", p,
+                    fu.simulate(xp, 0, **self.splits(aligned))[self.rank])
         n += 3
         stats = group.stats()
         launched = stats["graph_calls"] - before["graph_calls"]
