@@ -30,3 +30,14 @@ def check_switches() -> None:
         ValueError for the first setting with a value it cannot take.
     """
     ops.check_env()
+
+
+def settings_error() -> str:
+    """`check_switches`'s refusal as text, "" when every setting parses: what a rank reports
+    in its `RankInfo`, so that every rank of a group raises for one rank's bad value instead of
+    that rank alone (which would leave the others waiting in the group's rendezvous)."""
+    try:
+        check_switches()
+    except ValueError as error:
+        return str(error)
+    return ""

@@ -71,10 +71,11 @@ class UlyssesGroup:
             raise ValueError(f"device={device}: UlyssesGroup needs a CUDA device")
         self.device = torch.device("cuda", device.index if device.index is not None
                                    else torch.cuda.current_device())
-        self._debug = debug_enabled()
         self._calls = 0
         self._destroyed = False
+        # (Collective, and first: a setting refused on any rank raises on every rank here.)
         _check_decision(self.process_group, self.device, decision, topology)
+        self._debug = debug_enabled()
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .env import SHARED_GPU_ENV, switch
+from .env import SHARED_GPU_ENV, settings_error, switch
 from .topology import PairInfo, RankInfo, Topology
 
 _SYS = Path("/sys")
@@ -47,8 +47,12 @@ def local_rank_info(index: int | None = None) -> RankInfo:
     """
     from ._ops import cuda_load_error
 
+    # A refused setting is reported, not raised: every rank of the gather raises for it
+    # (policy.decide), none alone. (The shared-GPU switch is then not read: it may be the one.)
+    refused = settings_error()
     base = dict(hostname=socket.gethostname(), cuda_load_error=cuda_load_error,
-                allow_shared_gpu=env_allows_shared_gpu())
+                allow_shared_gpu=not refused and env_allows_shared_gpu(),
+                settings_error=refused)
     if visible_gpu_count() == 0:
         return RankInfo(**base)
     if index is None:

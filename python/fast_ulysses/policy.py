@@ -52,15 +52,19 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
         behind it.
 
     Raises:
-        ValueError for a bad `prefer`, an empty topology, or prefer="fast" where the fast path
-        cannot run (no GPU, CUDA part missing, > 8 ranks, several nodes, ranks sharing a GPU
-        without the opt-in, a pair without P2P): `cannot_run_message`.
+        ValueError for a bad `prefer`, an empty topology, a FAST_ULYSSES_* setting refused on
+        any rank (`settings_message`, whatever `prefer` but "torch"), or prefer="fast" where the
+        fast path cannot run (no GPU, CUDA part missing, > 8 ranks, several nodes, ranks sharing
+        a GPU without the opt-in, a pair without P2P): `cannot_run_message`.
     """
     check_prefer(prefer)
     if prefer == "torch":
         return Decision(False, "prefer='torch'")
     if topology is None or topology.world_size == 0:
         raise ValueError("the topology has no ranks")
+    refused = settings_message(topology)
+    if refused:  # a typo is never a reason to fall back: every rank raises it
+        raise ValueError(refused)
     blocker = cannot_run_reason(topology)
     if blocker:
         if prefer == "fast":
@@ -73,6 +77,16 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
     if loser:
         return Decision(False, loser)
     return Decision(True, _fast_summary(topology))
+
+
+def settings_message(t: Topology) -> str:
+    """The error for FAST_ULYSSES_* settings refused on some ranks (the first rank's message,
+    and which ranks), "" when every rank's settings parse."""
+    bad = [r for r, info in enumerate(t.ranks) if info.settings_error]
+    if not bad:
+        return ""
+    which = f" (ranks {_ranks_text(bad)} refuse their settings)" if len(bad) > 1 else ""
+    return f"rank {bad[0]}: {t.ranks[bad[0]].settings_error}{which}"
 
 
 def cannot_run_message(blocker: str) -> str:

@@ -29,6 +29,7 @@ class RankInfo:
         cpu_affinity: the GPU's local CPUs as a cpulist ("0-55,112-167"); "" unknown.
         cuda_load_error: fast_ulysses._ops.cuda_load_error on the rank ("" loaded).
         allow_shared_gpu: the rank set FAST_ULYSSES_ALLOW_SHARED_GPU=1.
+        settings_error: why one of the rank's FAST_ULYSSES_* settings was refused ("" none).
     """
 
     hostname: str
@@ -41,6 +42,7 @@ class RankInfo:
     cpu_affinity: str = ""
     cuda_load_error: str = ""
     allow_shared_gpu: bool = False
+    settings_error: str = ""
 
     @property
     def has_gpu(self) -> bool:

@@ -11,6 +11,7 @@ failure prints its traceback and exits 1.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from pathlib import Path
 
@@ -137,11 +138,30 @@ def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
 
 
 def check_make_group(pg) -> None:
-    """make_group gathers the topology over the subgroup; CPU-only ranks get the fallback."""
+    """make_group gathers the topology over the subgroup; CPU-only ranks get the fallback. A
+    setting refused on the group's last rank only is every rank's ValueError (none is left
+    waiting), naming that rank."""
     group = make_group(pg, 1 << 20)
     assert isinstance(group, TorchUlyssesGroup) and group.fallback
     if not torch.cuda.is_available():
         assert group.fallback_reason == "no GPU on rank 0", group.fallback_reason
+    last = dist.get_world_size(pg) - 1
+    name = "FAST_ULYSSES_WATCHDOG_S"
+    saved = os.environ.get(name)
+    if dist.get_rank(pg) == last:
+        os.environ[name] = "soon"
+    try:
+        make_group(pg, 1 << 20)
+    except ValueError as error:
+        want = f"rank {last}: {name}=soon: must be a number of seconds"
+        assert str(error).startswith(want), f"make_group raised {error!r}, expected {want!r}..."
+    else:
+        raise AssertionError(f"make_group did not raise for {name}=soon on group rank {last}")
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 def main() -> int:

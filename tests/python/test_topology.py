@@ -107,6 +107,34 @@ def test_shared_gpu_needs_the_opt_in_on_every_rank():
         decide(machine(shared), prefer="fast")
 
 
+def test_a_setting_refused_on_any_rank_raises_whatever_prefer_says():
+    """A bad FAST_ULYSSES_* value on one rank is every rank's ValueError, never a fallback."""
+    bad = "FAST_ULYSSES_EAGER_GRAPHS=x: must be 0 or 1"
+    ranks = [gpu(i) for i in range(4)]
+    ranks[2] = gpu(2, settings_error=bad)
+    for prefer in ("auto", "fast"):
+        with pytest.raises(ValueError, match=f"^rank 2: {bad}$"):
+            decide(machine(ranks), prefer)
+    ranks[3] = gpu(3, settings_error="FAST_ULYSSES_WATCHDOG_S=-1: no")
+    with pytest.raises(ValueError, match=rf"^rank 2: {bad} \(ranks 2, 3 refuse their settings\)$"):
+        decide(machine(ranks))
+    # Even where the fast path could not run anyway (no GPU): the setting is the error.
+    with pytest.raises(ValueError, match="^rank 0: "):
+        decide(machine([RankInfo("cpu0", settings_error=bad)]))
+    assert decide(machine(ranks), "torch") == (False, "prefer='torch'")  # gathers nothing
+
+
+def test_a_refused_setting_is_reported_by_the_probe_not_raised(monkeypatch):
+    monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "1")
+    monkeypatch.setenv("FAST_ULYSSES_EAGER_GRAPHS", "maybe")
+    info = hardware.local_rank_info()
+    assert info.settings_error.startswith("FAST_ULYSSES_EAGER_GRAPHS=maybe: must be 0"), info
+    assert not info.allow_shared_gpu  # (not read once a setting is refused: it may be the one)
+    monkeypatch.setenv("FAST_ULYSSES_EAGER_GRAPHS", "1")
+    info = hardware.local_rank_info()
+    assert info.settings_error == "" and info.allow_shared_gpu
+
+
 def test_the_opt_in_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv("FAST_ULYSSES_ALLOW_SHARED_GPU", raising=False)
     assert not hardware.local_rank_info().allow_shared_gpu
