@@ -5,7 +5,9 @@ calls) and host CPU microseconds per call (issue time, no synchronize inside the
 difference to `borrowed` is the wrapper's cost. Each row also says how many of its calls were
 launched from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS, on unless set to 0). With
 FAST_ULYSSES_HOST_PROFILE=1 it also prints where the host time goes, stage by stage (each
-stage's mean microseconds per call, the largest over the ranks).
+stage's mean microseconds per call, the largest over the ranks). Last, "first call at a new
+address": borrowed calls one at a time, each with x where no call had it before (with the cache
+on, each captures and instantiates a graph first).
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
         benchmarks/quick_wan.py --shared-gpu
@@ -64,6 +66,32 @@ def measure(call, iters: int, warmup: int, after_warmup=lambda: None,
     return statistics.median(device_ms), statistics.median(host_us)
 
 
+def first_calls(group, x, kw, profiling: bool, calls: int = 5) -> dict:
+    """Host us of borrowed calls whose x is at an address no earlier call used (each input kept
+    alive, so the next one is elsewhere): with the eager-graph cache on, each such call
+    captures and instantiates a graph before launching it. One call at a time (synchronized
+    before and after, so its time is its own); the slowest rank's median."""
+    kept, us = [], []
+    launched = group.stats().get("graph_calls", 0)
+    for _ in range(calls):
+        fresh = x.clone()
+        kept.append(fresh)
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter_ns()
+        group.all_to_all_single_4d_borrowed(fresh, 0, "qb", **kw)
+        us.append((time.perf_counter_ns() - t0) / 1e3)
+        torch.cuda.synchronize()
+    if profiling:
+        group._host_profile()  # (not reported: these calls would skew the stage means)
+    median = torch.tensor([statistics.median(us)], dtype=torch.float64)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    fewest = torch.tensor([group.stats().get("graph_calls", 0) - launched], dtype=torch.int64)
+    dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
+    return {"host_us_per_call": median.item(), "ms_per_call": float("nan"), "calls": calls,
+            "graph_calls_fewest_rank": int(fewest.item())}
+
+
 def _wait(t):
     """What the first aten op on an AsyncCollectiveTensor does: stream-ordered wait."""
     return t.wait() if hasattr(t, "wait") else t
@@ -111,6 +139,7 @@ def main() -> None:
             t = torch.tensor(list(stages.values()), dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             results[name]["host_us_by_stage"] = dict(zip(stages, t.tolist()))
+    results["first call at a new address"] = first_calls(group, x, kw, profiling)
     group.destroy()
     if rank == 0:
         sent = x.numel() * x.element_size()

@@ -20,6 +20,10 @@
 #           tree, alternately (old, new, old, new), both installed outside the tree
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
+#   node    the real-node suite, one rank per GPU (a kind with 2, 4 or 8 GPUs), at every size of
+#           NODE_P (default "2 4 8") the machine has: the a2a worker over NCCL (its reference is
+#           TorchUlyssesGroup over NCCL), the graph worker, and fast-ulysses bench --graph with the
+#           overlap rows and the NCCL baseline; logs and JSON packed into node.tar.gz
 #   probe   host time of single driver calls and of graph launches shaped like a P = 8 call,
 #           without torch or peers (benchmarks/launch_probe.cu): one process, then PROBE_N (default
 #           8) processes at once on the GPU, as ranks sharing it are
@@ -35,6 +39,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PHASES=${PHASES:-"before tests quick doctor bench fused"}  # eager, graph, oldgraph: on request
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# Results are labelled with the GPU they ran on (h100, h200, ...), not a fixed name.
+GPU_LABEL=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[a-z]+[0-9]{3}' \
+  | head -1 | tr 'A-Z' 'a-z'); GPU_LABEL=${GPU_LABEL:-gpu}
 # Build tools missing on an offline image travel as wheels in .whl (docs/DEVELOP.md).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -82,6 +89,26 @@ python3 -m pip install -e . --no-build-isolation --no-deps > "$OUT/build.log" 2>
 echo "build $(( $(date +%s) - t0 )) s"
 python3 -c "import fast_ulysses as f, torch; print('import ok', f.__version__, 'torch', torch.__version__, '| cuda part:', f.cuda_load_error or 'loaded')"
 
+if has node; then
+  R=$OUT/node; mkdir -p "$R"; GPUS=$(nvidia-smi -L | wc -l)
+  node_run() {  # $1: name, $2: P, then the command after torchrun's options
+    local name=$1 P=$2; shift 2
+    timeout ${NODE_TIMEOUT:-300} python3 -m torch.distributed.run --standalone \
+      --nproc-per-node "$P" "$@" > "$R/${name}_p$P.log" 2>&1
+    echo "node $name P=$P rc=$?"
+  }
+  for P in ${NODE_P:-2 4 8}; do
+    if [ "$P" -gt "$GPUS" ]; then echo "node: P=$P skipped ($GPUS GPUs)"; continue; fi
+    node_run a2a "$P" tests/distributed/a2a_correctness.py --iterations ${NODE_ITERATIONS:-500}
+    grep -E "passed|failed|FAILED" "$R/a2a_p$P.log" | tail -2
+    node_run graph "$P" tests/distributed/graph_correctness.py --replays 200
+    grep -E "passed|failed|FAILED" "$R/graph_p$P.log" | tail -2
+    node_run bench "$P" -m fast_ulysses.cli.bench --graph --iters 50 --warmup 10 \
+      --out-dir "$R" --label "${GPU_LABEL}-node-p$P"
+    grep -v -i "warn" "$R/bench_p$P.log" | tail -${TAIL:-30}
+  done
+  tar -czf "$OUT/node.tar.gz" -C "$OUT" node
+fi
 if has probe; then
   nvcc -O2 -arch=sm_90 -std=c++17 benchmarks/launch_probe.cu -lcuda -o /tmp/launch_probe \
     > "$OUT/probe_build.log" 2>&1 || tail -5 "$OUT/probe_build.log"
@@ -134,7 +161,7 @@ if has bench; then
   for P in ${BENCH_SIZES:-1 8}; do
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout ${BENCH_TIMEOUT:-200} python3 -m torch.distributed.run \
       --standalone --nproc-per-node $P -m fast_ulysses.cli.bench --shared-gpu --graph \
-      --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "h200-p$P-shared" \
+      --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
       > "$R/bench_p$P.log" 2>&1
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
   done
@@ -143,7 +170,7 @@ fi
 fused_bench() {  # $1: label; the package on PYTHONPATH (or the editable install)
   timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     -m fast_ulysses.cli.bench --fused --modes 0 --gemms 0 --iters 30 --warmup 5 \
-    --preset wan-720p --preset hunyuan-720p --out-dir "$OUT/fused" --label "h200-p1-fused-$1" \
+    --preset wan-720p --preset hunyuan-720p --out-dir "$OUT/fused" --label "${GPU_LABEL}-p1-fused-$1" \
     > "$OUT/fused_$1.log" 2>&1
   echo "bench --fused $1 rc=$?"; grep -iE "fused|wan|hunyuan" "$OUT/fused_$1.log" | grep -v -i warn | tail -12
 }
