@@ -192,9 +192,12 @@ int main(int argc, char** argv) {
     memop_batch(b, s, 0);
     memop_batch(b, s, kPeers);
   }));
-  rows.push_back(time_case("graph: one empty kernel", s, [&] { CK(cudaGraphLaunch(g_kernel, s)); }));
-  rows.push_back(time_case("graph: one 4 KB memcpy", s, [&] { CK(cudaGraphLaunch(g_memcpy1, s)); }));
-  rows.push_back(time_case("graph: 7 pitched copies", s, [&] { CK(cudaGraphLaunch(g_copies, s)); }));
+  rows.push_back(time_case("graph: one empty kernel", s,
+                           [&] { CK(cudaGraphLaunch(g_kernel, s)); }));
+  rows.push_back(time_case("graph: one 4 KB memcpy", s,
+                           [&] { CK(cudaGraphLaunch(g_memcpy1, s)); }));
+  rows.push_back(time_case("graph: 7 pitched copies", s,
+                           [&] { CK(cudaGraphLaunch(g_copies, s)); }));
   rows.push_back(time_case("graph: 2 memop batches", s, [&] { CK(cudaGraphLaunch(g_memops, s)); }));
   rows.push_back(time_case("graph: a P = 8 call (memops, 7 copies, own share on a branch)", s,
                            [&] { CK(cudaGraphLaunch(g_call, s)); }));

@@ -38,7 +38,8 @@ class UlyssesGroup:
         RuntimeError: the CUDA part of the extension did not load, or no GPU.
         ValueError: `policy.cannot_run_message`: a pair of ranks whose GPUs cannot map each
             other's memory (named), ranks on different hosts, ranks sharing a GPU without
-            FAST_ULYSSES_ALLOW_SHARED_GPU=1, ...; or a `decision` for the fallback.
+            FAST_ULYSSES_ALLOW_SHARED_GPU=1, ...; a FAST_ULYSSES_* setting refused on any rank
+            (`policy.settings_message`, on every rank); or a `decision` for the fallback.
     """
 
     fallback = False
