@@ -140,13 +140,16 @@ def main() -> None:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             results[name]["host_us_by_stage"] = dict(zip(stages, t.tolist()))
     results["first call at a new address"] = first_calls(group, x, kw, profiling)
+    wide = group.stats().get("wide_flags", 0)  # (older trees have no such key)
     group.destroy()
     if rank == 0:
         sent = x.numel() * x.element_size()
         label = "ranks share one GPU (not NVLink)" if args.shared_gpu else "one GPU per rank"
         if args.staggered:
             label += "; staggered: each rank's issue timed alone, device time not measured"
-        print(f"Wan 720p mode 0, P={P}, {label}; {sent / 1e6:.1f} MB in per rank")
+        flags = "two per 64-bit operation" if wide else "one per 32-bit operation"
+        print(f"Wan 720p mode 0, P={P}, {label}; {sent / 1e6:.1f} MB in per rank; "
+              f"handshake flags {flags}")
         for name, r in results.items():
             ms = r["ms_per_call"]
             device = "n/a ms/call" if math.isnan(ms) else \
@@ -163,7 +166,7 @@ def main() -> None:
                     r["ms_per_call"] = None
             with open(args.json, "w") as f:
                 json.dump({"world_size": P, "shared_gpu": args.shared_gpu,
-                           "staggered": args.staggered,
+                           "staggered": args.staggered, "wide_flags": bool(wide),
                            "bytes_in_per_rank": sent, **results}, f, indent=2)
     dist.destroy_process_group()
 

@@ -38,6 +38,11 @@ bool copy_batch_enabled();
 // cached per call signature and operands (transport/eager_graph.h), or call by call.
 bool eager_graphs_enabled();
 
+// FAST_ULYSSES_WIDE_FLAGS=1 (default) | 0: the handshake waits for and writes two peers' flags
+// with one 64-bit memory operation where the GPU supports it, or one 32-bit operation per flag
+// (for A/B measurements).
+bool wide_flags_enabled();
+
 // FAST_ULYSSES_HOST_PROFILE=0 (default) | 1: time each stage of every call on the host
 // (UlyssesGroup's host_profile op reads the sums).
 bool host_profile_enabled();

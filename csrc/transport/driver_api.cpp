@@ -29,9 +29,21 @@ const DriverApi& DriverApi::get() {
     DriverApi resolved;
     resolve("cuStreamBatchMemOp", resolved.stream_batch_mem_op);
     resolve("cuPointerGetAttribute", resolved.pointer_get_attribute);
+    resolve("cuDeviceGet", resolved.device_get);
+    resolve("cuDeviceGetAttribute", resolved.device_get_attribute);
     return resolved;
   }();
   return api;
+}
+
+bool supports_64_bit_mem_ops(int device_index) {
+  const DriverApi& api = DriverApi::get();
+  CUdevice device = 0;
+  int supported = 0;
+  return api.device_get(&device, device_index) == CUDA_SUCCESS &&
+         api.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                  device) == CUDA_SUCCESS &&
+         supported != 0;
 }
 
 }  // namespace fast_ulysses::transport

@@ -16,6 +16,11 @@
 //                        fenced write on the copy's stream), waited and reset to 0 by me.
 // The barrier slot uses kBarrierA and kBarrierB: a barrier is two full rounds, so a fast peer's
 // next barrier can never write a flag that a slow peer has not yet reset.
+//
+// A rank waits for and writes its own words about its peers two at a time where the GPU takes
+// 64-bit memory operations (plan/flag_groups.h; FAST_ULYSSES_WIDE_FLAGS=0 turns that off): the
+// words of peers 2i and 2i+1 are adjacent, and each is written by its peer only after the rank
+// itself reset or set it, so one operation over both is the two operations in one.
 #pragma once
 
 #include <cuda.h>
@@ -24,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "plan/flag_groups.h"
 #include "plan/plan.h"
 #include "plan/tag_rules.h"
 
@@ -35,8 +41,10 @@ enum class Word { kHeld = 0, kHeldOwned = 1, kLanded = 2, kBarrierA = 0, kBarrie
 // (cuStreamBatchMemOp takes fewer than 256 ops per call), in order.
 class MemOpBatch {
  public:
-  void write(char* address, uint32_t value);
-  void wait_equal(char* address, uint32_t value);
+  // A 32-bit operation on the word at `address`, or with `wide` a 64-bit one on the two words
+  // there (8-byte aligned).
+  void write(char* address, uint64_t value, bool wide = false);
+  void wait_equal(char* address, uint64_t value, bool wide = false);
   // Issues every op on `stream` in the order added, then empties the batch.
   void issue(cudaStream_t stream);
   bool empty() const { return ops_.empty(); }
@@ -57,12 +65,21 @@ class Handshake {
   // The header's contents before any call: kHeld = 1 for every tag slot and peer (as if a call 0
   // had written every window), everything else 0. Written before the pool's rendezvous.
   static std::vector<uint32_t> initial_header();
+  // The value of word (slot, word) in that initial header: what an idle word (this rank's own,
+  // or a rank index past the group's size) holds forever.
+  static uint32_t initial_value(int slot, Word word);
 
-  // `headers[p]` is rank p's signal header as this rank addresses it.
-  Handshake(int rank, std::vector<char*> headers);
+  // `headers[p]` is rank p's signal header as this rank addresses it. `wide`: wait for and
+  // write my words about my peers with 64-bit operations, two peers' words each.
+  Handshake(int rank, std::vector<char*> headers, bool wide);
 
   int rank() const { return rank_; }
   int world_size() const { return static_cast<int>(headers_.size()); }
+  bool wide() const { return wide_; }
+  // Adds to `batch`: wait until my word (slot, word) about every peer holds `value`.
+  void wait_peers(MemOpBatch& batch, int slot, Word word, uint32_t value) const;
+  // Adds to `batch`: write `value` into my word (slot, word) about every peer.
+  void set_peers(MemOpBatch& batch, int slot, Word word, uint32_t value) const;
   // My word (slot, word) about peer `from`.
   char* mine(int slot, Word word, int from) const;
   // Peer `to`'s word (slot, word) about me.
@@ -75,6 +92,8 @@ class Handshake {
   static int64_t offset(int slot, Word word, int rank);
   int rank_;
   std::vector<char*> headers_;
+  bool wide_;
+  std::vector<FlagGroup> groups_;  // my words about my peers, as operations (flag_groups.h)
 };
 
 }  // namespace fast_ulysses::transport

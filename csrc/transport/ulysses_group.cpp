@@ -15,6 +15,7 @@
 #include "plan/tag_rules.h"
 #include "transport/copy_engine.h"
 #include "transport/cuda_check.h"
+#include "transport/driver_api.h"
 
 namespace fast_ulysses::transport {
 namespace {
@@ -66,8 +67,10 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       copy_batch_(copy_batch_enabled()),
       profile_(host_profile_enabled()),
       eager_graphs_on_(eager_graphs_enabled()),
+      wide_flags_on_(wide_flags_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
-      handshake_(pool_.rank(), pool_.headers()),
+      handshake_(pool_.rank(), pool_.headers(),
+                 wide_flags_on_ && supports_64_bit_mem_ops(device.index())),
       eager_graphs_(eager_graphs_on_) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
@@ -116,13 +119,10 @@ void UlyssesGroup::open(int slot, bool owned, cudaStream_t stream) {
   const int P = world_size();
   for (int k = 1; k < P; ++k)
     batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeld), 0);
-  for (int k = 1; k < P; ++k) {
-    const int peer = (rank() + k) % P;
-    batch_.wait_equal(handshake_.mine(slot, Word::kHeld, peer), 0);
-    batch_.wait_equal(handshake_.mine(slot, Word::kHeldOwned, peer), 0);
-    batch_.write(handshake_.mine(slot, Word::kHeld, peer), 1);
-    if (owned) batch_.write(handshake_.mine(slot, Word::kHeldOwned, peer), 1);
-  }
+  handshake_.wait_peers(batch_, slot, Word::kHeld, 0);
+  handshake_.wait_peers(batch_, slot, Word::kHeldOwned, 0);
+  handshake_.set_peers(batch_, slot, Word::kHeld, 1);
+  if (owned) handshake_.set_peers(batch_, slot, Word::kHeldOwned, 1);
   batch_.issue(stream);
 }
 
@@ -131,11 +131,8 @@ void UlyssesGroup::open(int slot, bool owned, cudaStream_t stream) {
 void UlyssesGroup::full_round(int slot, Word word) {
   const int P = world_size();
   for (int k = 1; k < P; ++k) batch_.write(handshake_.theirs((rank() + k) % P, slot, word), 1);
-  for (int k = 1; k < P; ++k) {
-    char* flag = handshake_.mine(slot, word, (rank() + k) % P);
-    batch_.wait_equal(flag, 1);
-    batch_.write(flag, 0);
-  }
+  handshake_.wait_peers(batch_, slot, word, 1);
+  handshake_.set_peers(batch_, slot, word, 0);
 }
 
 // Closing handshake, one batch on M after my copies: every peer's chunk has landed here and
@@ -228,7 +225,8 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   // A call closed by its own handshake, with nothing deferred on M before it, launches its
   // cached graph on C itself: C would wait for all of it anyway, and M holds nothing C has not
   // waited for, so the fork into M and the join back (four driver calls) order nothing.
-  if (peers && !fused && !deferred && !in_capture && deferred_tags_ == 0) {
+  const bool direct = peers && !fused && !deferred && !in_capture && deferred_tags_ == 0;
+  if (direct) {
     profile_.mark(Stage::kOpen);
     if (launch_cached(x, out, plan, window, tag.slot, owned, deferred, caller)) {
       profile_.mark(Stage::kSend);
@@ -247,7 +245,8 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
       launch_fused(*fused, window.peers, comm_);
     } else {  // the closing handshake too: on M it needs nothing from the own share on C
       profile_.mark(Stage::kOpen);
-      own_issued = !in_capture &&
+      // (A direct launch that found no graph would find none on M either.)
+      own_issued = !in_capture && !direct &&
                    launch_cached(x, out, plan, window, tag.slot, owned, deferred, comm_);
       if (!own_issued)
         issue_peers(x, out, plan, window, tag.slot, owned, deferred, comm_,
@@ -385,17 +384,16 @@ void UlyssesGroup::quiesce() {
 }
 
 std::vector<std::pair<std::string, int64_t>> UlyssesGroup::stats() const {
-  int64_t deferred = 0;
-  for (const auto& entry : tags_) deferred += entry.second.deferred ? 1 : 0;
   return {{"pool_bytes", pool_.capacity()},
           {"used_bytes", pool_.used()},
           {"segments", pool_.segments()},
           {"sealed", pool_.sealed() ? 1 : 0},
           {"tags", static_cast<int64_t>(tags_.size())},
-          {"deferred", deferred},
+          {"deferred", deferred_tags_},
           {"graph_calls", eager_graphs_.launches()},
           {"graphs_cached", eager_graphs_.graphs()},
-          {"eager_only_signatures", eager_graphs_.eager_only()}};
+          {"eager_only_signatures", eager_graphs_.eager_only()},
+          {"wide_flags", handshake_.wide() ? 1 : 0}};
 }
 
 }  // namespace fast_ulysses::transport

@@ -127,6 +127,7 @@ class UlyssesGroup {
   bool copy_batch_;                      // FAST_ULYSSES_COPY_BATCH
   HostProfile profile_;                  // FAST_ULYSSES_HOST_PROFILE
   bool eager_graphs_on_;                 // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ is built later)
+  bool wide_flags_on_;                   // FAST_ULYSSES_WIDE_FLAGS (the device may still say no)
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;

@@ -48,7 +48,7 @@ class RecordingOps:
 
     def group_stats(self, group_name):  # what the C++ op returns on a fresh group
         names = ["pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred",
-                 "graph_calls", "graphs_cached", "eager_only_signatures"]
+                 "graph_calls", "graphs_cached", "eager_only_signatures", "wide_flags"]
         return names, [0] * len(names)
 
 
@@ -259,7 +259,7 @@ def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
     group = TorchUlyssesGroup(world1)
     assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
                              "tags": 0, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
-                             "eager_only_signatures": 0}
+                             "eager_only_signatures": 0, "wide_flags": 0}
     assert list(group.stats()) == list(fast_group.stats())
     for tag in ("q", "k"):
         group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, tag, barrier=False)
@@ -269,7 +269,7 @@ def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
     group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, "v")])
     assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": True,
                              "tags": 3, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
-                             "eager_only_signatures": 0}
+                             "eager_only_signatures": 0, "wide_flags": 0}
     group.destroy()
     with pytest.raises(RuntimeError, match="destroyed"):
         group.stats()
