@@ -19,7 +19,8 @@
 #   ab      Wan 720p host cost by stage at AB_P (default 8) of the commit in .carry/old and of this
 #           tree, alternately (old, new, old, new), both installed outside the tree
 #   wide    Wan 720p host cost by stage at WIDE_P (default 8) with FAST_ULYSSES_WIDE_FLAGS=1 and =0
-#           alternately (on, off, on, off): the handshake's flags two per 64-bit operation or one each
+#           alternately, once per run of WIDE_RUNS (default "1 2": on, off, on, off): the
+#           handshake's flags two per 64-bit operation or one each
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   node    the real-node suite, one rank per GPU (a kind with 2, 4 or 8 GPUs), at every size of
@@ -202,7 +203,7 @@ if has ab && [ -d .carry/old ] && build_old && install_new; then
   done
 fi
 if has wide; then
-  for run in 1 2; do
+  for run in ${WIDE_RUNS:-1 2}; do
     for wide in 1 0; do
       FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_WIDE_FLAGS=$wide quick_one "wide${wide}_$run" ${WIDE_P:-8}
     done

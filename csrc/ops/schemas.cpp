@@ -124,7 +124,7 @@ namespace {
 
 // The borrowed op's Autograd kernel: applies the borrowed autograd rule to x before anything is
 // sent, then runs the op below autograd (its result records no backward). In C++ so that a
-// direct call of the op costs no Python (the group's methods skip autograd altogether).
+// call of the op costs no Python (UlyssesGroup's borrowed method goes through it too).
 void borrowed_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                        torch::jit::Stack* stack) {
   const size_t arguments = op.schema().arguments().size();
