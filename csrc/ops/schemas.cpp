@@ -9,6 +9,7 @@
 #include "env/env.h"
 #include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
+#include "plan/group_stats.h"
 
 TORCH_LIBRARY(fast_ulysses, m) {
   // GPU-free.
@@ -70,8 +71,10 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def("reserve(str group_name, str[] tags, int[] window_bytes) -> ()");
   m.def("barrier(str group_name) -> ()");
   m.def("destroy_group(str group_name) -> ()");
-  // Named (pool_bytes, used_bytes, segments, sealed, tags, deferred) for tests and doctor.
+  // The group's counters, named by group_stats_keys (below), for stats(), tests and doctor.
   m.def("group_stats(str group_name) -> (str[] names, int[] values)");
+  // The keys of group_stats, in order (csrc/plan/group_stats.h): GPU-free, for the fallback.
+  m.def("group_stats_keys() -> str[]");
   // The group's device rule, alone: FAST_ULYSSES_DEBUG checks it before the ranks agree.
   m.def("check_device(str group_name, Tensor x) -> ()");
   // With FAST_ULYSSES_HOST_PROFILE=1: host nanoseconds per stage of the calls since the last
@@ -101,6 +104,10 @@ namespace {
 
 bool env_switch(std::string name) { return fast_ulysses::switch_value(name); }
 
+std::vector<std::string> group_stats_keys() {
+  return {fast_ulysses::kStatNames.begin(), fast_ulysses::kStatNames.end()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
@@ -117,6 +124,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("window_for_call", &fast_ulysses::ops::window_for_call_op);
   m.impl("shapes", &fast_ulysses::ops::shapes_op);
   m.impl("env_switch", &env_switch);
+  m.impl("group_stats_keys", &group_stats_keys);
   m.impl("check_env", &fast_ulysses::check_env);
 }
 

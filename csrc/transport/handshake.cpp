@@ -15,7 +15,8 @@ constexpr size_t kMaxOpsPerCall = 255;
 
 void MemOpBatch::write(char* address, uint64_t value, bool wide) {
   CUstreamBatchMemOpParams op = {};
-  op.writeValue.operation = wide ? CU_STREAM_MEM_OP_WRITE_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op.writeValue.operation =
+      wide ? CU_STREAM_MEM_OP_WRITE_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_32;
   op.writeValue.address = reinterpret_cast<CUdeviceptr>(address);
   if (wide) {
     op.writeValue.value64 = value;
@@ -63,7 +64,8 @@ std::vector<uint32_t> Handshake::initial_header() {
   for (int slot = 0; slot <= kMaxTags; ++slot)
     for (int w = 0; w < kWords; ++w)
       for (int p = 0; p < kMaxRanks; ++p)
-        words[offset(slot, static_cast<Word>(w), p) / 4] = initial_value(slot, static_cast<Word>(w));
+        words[offset(slot, static_cast<Word>(w), p) / 4] =
+            initial_value(slot, static_cast<Word>(w));
   return words;
 }
 

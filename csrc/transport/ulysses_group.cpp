@@ -7,11 +7,13 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <array>
 #include <mutex>
 #include <unordered_map>
 
 #include "kernels/norm_rope_launch.h"
 #include "ops/plan_errors.h"
+#include "plan/group_stats.h"
 #include "plan/tag_rules.h"
 #include "transport/copy_engine.h"
 #include "transport/cuda_check.h"
@@ -384,16 +386,23 @@ void UlyssesGroup::quiesce() {
 }
 
 std::vector<std::pair<std::string, int64_t>> UlyssesGroup::stats() const {
-  return {{"pool_bytes", pool_.capacity()},
-          {"used_bytes", pool_.used()},
-          {"segments", pool_.segments()},
-          {"sealed", pool_.sealed() ? 1 : 0},
-          {"tags", static_cast<int64_t>(tags_.size())},
-          {"deferred", deferred_tags_},
-          {"graph_calls", eager_graphs_.launches()},
-          {"graphs_cached", eager_graphs_.graphs()},
-          {"eager_only_signatures", eager_graphs_.eager_only()},
-          {"wide_flags", handshake_.wide() ? 1 : 0}};
+  std::array<int64_t, kStatNames.size()> values{};
+  const auto set = [&values](Stat stat, int64_t value) {
+    values[static_cast<size_t>(stat)] = value;
+  };
+  set(Stat::kPoolBytes, pool_.capacity());
+  set(Stat::kUsedBytes, pool_.used());
+  set(Stat::kSegments, pool_.segments());
+  set(Stat::kSealed, pool_.sealed() ? 1 : 0);
+  set(Stat::kTags, static_cast<int64_t>(tags_.size()));
+  set(Stat::kDeferred, deferred_tags_);
+  set(Stat::kGraphCalls, eager_graphs_.launches());
+  set(Stat::kGraphsCached, eager_graphs_.graphs());
+  set(Stat::kEagerOnlySignatures, eager_graphs_.eager_only());
+  set(Stat::kWideFlags, handshake_.wide() ? 1 : 0);
+  std::vector<std::pair<std::string, int64_t>> named;
+  for (size_t i = 0; i < kStatNames.size(); ++i) named.emplace_back(kStatNames[i], values[i]);
+  return named;
 }
 
 }  // namespace fast_ulysses::transport

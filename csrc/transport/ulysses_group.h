@@ -81,8 +81,8 @@ class UlyssesGroup {
   int rank() const { return pool_.rank(); }
   int world_size() const { return pool_.world_size(); }
   c10::Device device() const { return device_; }
-  // (name, value) of pool_bytes, used_bytes, segments, sealed (0|1), tags, deferred: the
-  // names are the keys of the Python stats() dict.
+  // (name, value) of every key of plan/group_stats.h, in its order (sealed and wide_flags 0|1):
+  // the Python stats() dict.
   std::vector<std::pair<std::string, int64_t>> stats() const;
   HostProfile& profile() { return profile_; }
 
@@ -126,12 +126,12 @@ class UlyssesGroup {
   WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
   bool copy_batch_;                      // FAST_ULYSSES_COPY_BATCH
   HostProfile profile_;                  // FAST_ULYSSES_HOST_PROFILE
-  bool eager_graphs_on_;                 // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ is built later)
+  bool eager_graphs_on_;                 // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ comes later)
   bool wide_flags_on_;                   // FAST_ULYSSES_WIDE_FLAGS (the device may still say no)
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;
-  cudaStream_t comm_ = nullptr;  // shared by every group on the device, lives as long as the process
+  cudaStream_t comm_ = nullptr;  // shared by every group on the device, never destroyed
   std::unordered_map<std::string, TagState> tags_;
   std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans_;
   MemOpBatch batch_;  // reused: its storage stays allocated between calls

@@ -168,8 +168,9 @@ class UlyssesGroup:
         ops.reserve(self.group_name, tags, [sizes[t] for t in tags])
 
     def stats(self) -> dict:
-        """Pool capacity and use, segments, sealed, tags, deferred tags, and the counts of eager
-        calls launched from cached CUDA graphs (for tests, doctor, benchmarks; docs/API.md)."""
+        """Pool capacity and use, segments, sealed, tags, deferred tags, the counts of eager
+        calls launched from cached CUDA graphs, and whether the handshake waits for two peers'
+        flags per operation (for tests, doctor, benchmarks; docs/API.md)."""
         self._check_live()
         names, values = ops.group_stats(self.group_name)  # named in C++
         return {n: bool(v) if n == "sealed" else v for n, v in zip(names, values)}

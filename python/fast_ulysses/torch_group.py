@@ -160,15 +160,16 @@ class TorchUlyssesGroup:
         self._sealed = True
 
     def stats(self) -> dict:
-        """`UlyssesGroup.stats()`'s keys, for code that reads either group. There is no window
-        pool here, so `pool_bytes`, `used_bytes` and `segments` are 0, the graph counts are 0
-        (no call is issued from a cached graph) and so is `wide_flags` (no handshake); as on UlyssesGroup, `tags` is the number of
-        distinct tags called or declared so far, `sealed` whether `reserve()` ran, and
-        `deferred` the number of tags waiting for `barrier()`."""
+        """`UlyssesGroup.stats()`'s keys (one list, csrc/plan/group_stats.h), for code that
+        reads either group. As on UlyssesGroup, `tags` is the number of distinct tags called or
+        declared so far, `sealed` whether `reserve()` ran, and `deferred` the number of tags
+        waiting for `barrier()`. Every other key is 0: there is no window pool (`pool_bytes`,
+        `used_bytes`, `segments`), no call is issued from a cached graph (the graph counts) and
+        there is no handshake (`wide_flags`)."""
         self._check_alive()
-        return {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": self._sealed,
-                "tags": len(self._windows), "deferred": len(self._deferred), "graph_calls": 0,
-                "graphs_cached": 0, "eager_only_signatures": 0, "wide_flags": 0}
+        own = {"sealed": self._sealed, "tags": len(self._windows),
+               "deferred": len(self._deferred)}
+        return {key: own.get(key, 0) for key in ops.group_stats_keys()}
 
     def destroy(self) -> None:
         """Ends the group's use; later calls raise RuntimeError. Calling it again is a no-op."""

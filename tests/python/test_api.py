@@ -46,9 +46,11 @@ class RecordingOps:
         if self.refuse_device:
             raise ValueError(f"the group's device rule refused x on {x.device}")
 
+    def group_stats_keys(self):  # GPU-free: the real op
+        return torch.ops.fast_ulysses.group_stats_keys()
+
     def group_stats(self, group_name):  # what the C++ op returns on a fresh group
-        names = ["pool_bytes", "used_bytes", "segments", "sealed", "tags", "deferred",
-                 "graph_calls", "graphs_cached", "eager_only_signatures", "wide_flags"]
+        names = self.group_stats_keys()
         return names, [0] * len(names)
 
 
