@@ -197,23 +197,33 @@ class Checker:
         open, then barrier() and one more call: every one must be launched from a graph
         (none at P = 1, which has no communication stream work). Then one signature whose x
         moves on every call: it must turn eager-only after a bounded number of graphs. Off: no
-        graph at all. Every result checked against simulate."""
+        graph at all. The same calls once more with the cache on and FAST_ULYSSES_WIDE_FLAGS=0
+        (the handshake's 32-bit form, which stats() must then report). Every result checked
+        against simulate."""
         lines = []
-        saved = os.environ.get("FAST_ULYSSES_EAGER_GRAPHS")
+        names = ("FAST_ULYSSES_EAGER_GRAPHS", "FAST_ULYSSES_WIDE_FLAGS")
+        saved = {name: os.environ.get(name) for name in names}
         try:
-            for on in (True, False):
+            for on, wide in ((True, True), (False, True), (True, False)):
                 os.environ["FAST_ULYSSES_EAGER_GRAPHS"] = "1" if on else "0"
+                os.environ["FAST_ULYSSES_WIDE_FLAGS"] = "1" if wide else "0"
                 pg = dist.new_group(list(range(self.P)))
                 group = fu.UlyssesGroup(pg, 1 << 20)
                 try:
-                    lines.append(self._eager_graph_calls(group, on))
+                    flags = group.stats()["wide_flags"]
+                    assert wide or flags == 0, (
+                        f"rank {self.rank}: FAST_ULYSSES_WIDE_FLAGS=0 but stats() reports "
+                        f"wide_flags={flags}")
+                    line = self._eager_graph_calls(group, on)
+                    lines.append(f"{line} (wide_flags {flags})")
                 finally:
                     group.destroy()
         finally:
-            if saved is None:
-                os.environ.pop("FAST_ULYSSES_EAGER_GRAPHS", None)
-            else:
-                os.environ["FAST_ULYSSES_EAGER_GRAPHS"] = saved
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         self.passed.append("eager graphs: " + "; ".join(lines))
 
     def _eager_graph_calls(self, group, on: bool) -> str:
