@@ -47,7 +47,7 @@ TEST(FlagGroups, EveryPeerWordOnceAndNoOtherWord) {
 TEST(FlagGroups, OperationCounts) {
   EXPECT_TRUE(flag_groups(1, 0, true).empty());
   EXPECT_EQ(flag_groups(8, 3, false).size(), 7u);  // one 32-bit operation per peer
-  EXPECT_EQ(flag_groups(8, 3, true).size(), 4u);   // pairs (0,1) (2,3: 2 a peer) (4,5) (6,7)
+  EXPECT_EQ(flag_groups(8, 3, true).size(), 4u);   // pairs (0,1) (2, 3 = me) (4,5) (6,7)
   EXPECT_EQ(flag_groups(2, 0, true).size(), 1u);   // (me, peer)
   EXPECT_EQ(flag_groups(3, 0, true).size(), 2u);   // (me, 1), (2, idle)
   EXPECT_EQ(flag_groups(5, 4, true).size(), 2u);   // (0,1) (2,3); (4 = me, idle) has no peer
