@@ -22,9 +22,9 @@ def switch(name: str) -> bool:
 
 
 def check_switches() -> None:
-    """Parses every FAST_ULYSSES_* setting (the switches above, the transport's
-    FAST_ULYSSES_EAGER_GRAPHS, COPY_BATCH, HOST_PROFILE, and the watchdog's WATCHDOG_S and
-    WATCHDOG_ACTION), so that a tool can refuse a bad value up front.
+    """Parses every FAST_ULYSSES_* setting (the switches above, the transport's own switches and
+    the watchdog's WATCHDOG_S and WATCHDOG_ACTION: csrc/env/env.cpp lists them all), so that a
+    tool can refuse a bad value up front.
 
     Raises:
         ValueError for the first setting with a value it cannot take.
