@@ -117,14 +117,14 @@ const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool 
 // a call, eager_graph.h): release my window (its previous
 // contents were read on C, joined into M, or copied out earlier on M), then acquire every
 // peer's: wait until it released what I last wrote there, and mark it held again.
-void UlyssesGroup::open(int slot, bool owned, cudaStream_t stream) {
+void UlyssesGroup::open(const Call& call, cudaStream_t stream) {
   const int P = world_size();
   for (int k = 1; k < P; ++k)
-    batch_.write(handshake_.theirs((rank() + k) % P, slot, Word::kHeld), 0);
-  handshake_.wait_peers(batch_, slot, Word::kHeld, 0);
-  handshake_.wait_peers(batch_, slot, Word::kHeldOwned, 0);
-  handshake_.set_peers(batch_, slot, Word::kHeld, 1);
-  if (owned) handshake_.set_peers(batch_, slot, Word::kHeldOwned, 1);
+    batch_.write(handshake_.theirs((rank() + k) % P, call.slot, Word::kHeld), 0);
+  handshake_.wait_peers(batch_, call.slot, Word::kHeld, 0);
+  if (call.wait_owned) handshake_.wait_peers(batch_, call.slot, Word::kHeldOwned, 0);
+  handshake_.set_peers(batch_, call.slot, Word::kHeld, 1);
+  if (call.owned) handshake_.set_peers(batch_, call.slot, Word::kHeldOwned, 1);
   batch_.issue(stream);
 }
 
@@ -158,19 +158,18 @@ void UlyssesGroup::send_remote(const at::Tensor& x, const Plan& plan, const Wind
 }
 
 void UlyssesGroup::issue_peers(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
-                               const Window& window, int slot, bool owned, bool deferred,
-                               cudaStream_t stream, bool batch) {
-  open(slot, owned, stream);
+                               const Window& window, const Call& call, cudaStream_t stream,
+                               bool batch) {
+  open(call, stream);
   send_remote(x, plan, window, stream, batch);
-  if (!deferred) close(slot, stream);
-  if (owned) finish_owned(out, plan, window, slot, false, stream);
+  if (!call.deferred) close(call.slot, stream);
+  if (call.owned) finish_owned(out, plan, window, call.slot, false, stream);
 }
 
 bool UlyssesGroup::launch_cached(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
-                                 const Window& window, int slot, bool owned, bool deferred,
-                                 cudaStream_t stream) {
+                                 const Window& window, const Call& call, cudaStream_t stream) {
   if (!eager_graphs_.enabled()) return false;  // no key is built: every call's path
-  EagerGraphs::Key signature = {slot, owned, deferred};
+  EagerGraphs::Key signature = {call.slot, call.owned, call.deferred, call.wait_owned};
   for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
   const auto add = [&signature](const std::vector<CopyDescriptor>& copies) {
     for (const CopyDescriptor& c : copies)
@@ -179,17 +178,17 @@ bool UlyssesGroup::launch_cached(const at::Tensor& x, const at::Tensor& out, con
                         c.dst_pitch, c.src_slice_pitch, c.dst_slice_pitch});
   };
   add(plan.copies);
-  if (owned) add(plan.collect);
+  if (call.owned) add(plan.collect);
   // An owned call's graph also copies the peers' chunks into `out`: its address is keyed too.
   std::vector<const void*> operands = {x.const_data_ptr()};
-  if (owned) operands.push_back(out.const_data_ptr());
+  if (call.owned) operands.push_back(out.const_data_ptr());
   // The graph holds this rank's own share too, on a branch of its own beside the handshake
   // and the peer copies (it needs neither): one launch is the whole call's work.
   const auto capture = [&](cudaStream_t capture_stream) {
     cudaStream_t branch = eager_graphs_.branch_stream();
     events_.join(capture_stream, branch);
     copy_own(plan.copies[rank()], x, out, branch);
-    issue_peers(x, out, plan, window, slot, owned, deferred, capture_stream, false);
+    issue_peers(x, out, plan, window, call, capture_stream, false);
     events_.join(branch, capture_stream);
   };
   return eager_graphs_.launch(signature, operands, stream, capture);
@@ -221,6 +220,10 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
                          : pool_.local_tensor(window, shape_of(plan.output_shape),
                                               x.scalar_type());
   ++tag.calls;
+  // An owned call's held_owned words are set in its open(): from its issue on (eagerly, or in a
+  // graph being captured, which may replay at any time) every call on the tag waits for them.
+  const Call call = {tag.slot, owned, deferred, in_capture || tag.ever_owned};
+  if (owned) tag.ever_owned = true;
   const bool peers = world_size() > 1;
   profile_.mark(Stage::kSetup);
   const CallKind kind = owned ? CallKind::kOwned : CallKind::kBorrowed;
@@ -230,7 +233,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   const bool direct = peers && !fused && !deferred && !in_capture && deferred_tags_ == 0;
   if (direct) {
     profile_.mark(Stage::kOpen);
-    if (launch_cached(x, out, plan, window, tag.slot, owned, deferred, caller)) {
+    if (launch_cached(x, out, plan, window, call, caller)) {
       profile_.mark(Stage::kSend);
       watch(caller, kind, tag);
       profile_.mark(Stage::kFinish);
@@ -242,17 +245,16 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   if (peers) {
     events_.join(caller, comm_);
     if (fused) {
-      open(tag.slot, owned, comm_);
+      open(call, comm_);
       profile_.mark(Stage::kOpen);
       launch_fused(*fused, window.peers, comm_);
     } else {  // the closing handshake too: on M it needs nothing from the own share on C
       profile_.mark(Stage::kOpen);
       // (A direct launch that found no graph would find none on M either.)
       own_issued = !in_capture && !direct &&
-                   launch_cached(x, out, plan, window, tag.slot, owned, deferred, comm_);
+                   launch_cached(x, out, plan, window, call, comm_);
       if (!own_issued)
-        issue_peers(x, out, plan, window, tag.slot, owned, deferred, comm_,
-                    copy_batch_ && !in_capture);
+        issue_peers(x, out, plan, window, call, comm_, copy_batch_ && !in_capture);
     }
     profile_.mark(Stage::kSend);
   }

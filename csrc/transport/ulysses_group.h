@@ -91,11 +91,24 @@ class UlyssesGroup {
     int slot = 0;
     uint64_t calls = 0;     // calls issued with this tag (for the watchdog's report)
     bool deferred = false;  // last call was borrowed with barrier=false, barrier() not yet run
+    // An owned call on the tag was issued (eager, or captured into a graph): my held_owned
+    // words on its slot may hold 1 from now on. Until then they are 0 and never waited for
+    // outside a capture (open()).
+    bool ever_owned = false;
     std::shared_ptr<const std::string> name;
   };
   TagState& tag_state(const std::string& tag);
   const Window& window_for(const TagState& tag, int64_t bytes, bool capturing);
-  void open(int slot, bool owned, cudaStream_t stream);  // comm_, or a stream being captured
+  // What the handshake of one call depends on besides its plan and window.
+  struct Call {
+    int slot;
+    bool owned;
+    bool deferred;    // borrowed with barrier=false: no closing handshake
+    bool wait_owned;  // open() waits for my held_owned words too: they can be 1 only on a tag
+                      // that has carried an owned call; a call being captured always waits
+  };
+  // Opening handshake, on comm_ or a stream being captured.
+  void open(const Call& call, cudaStream_t stream);
   void close(int slot, cudaStream_t stream);
   void full_round(int slot, Word word);  // adds to batch_
   void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
@@ -103,13 +116,11 @@ class UlyssesGroup {
   // Opening handshake, peer copies, (unless deferred) closing handshake and (owned) the
   // peers' chunks into `out`, call by call on `stream` (comm_, or a stream being captured).
   void issue_peers(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
-                   const Window& window, int slot, bool owned, bool deferred, cudaStream_t stream,
-                   bool batch);
+                   const Window& window, const Call& call, cudaStream_t stream, bool batch);
   // The same work and this rank's own share (on a branch beside it) launched on `stream` from
   // the call's cached graph (eager_graph.h): true when it was; false: nothing was issued.
   bool launch_cached(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
-                     const Window& window, int slot, bool owned, bool deferred,
-                     cudaStream_t stream);
+                     const Window& window, const Call& call, cudaStream_t stream);
   void copy_own(const CopyDescriptor& own, const at::Tensor& x, const at::Tensor& out,
                 cudaStream_t caller);
   void launch_fused(FusedNormRope& fused, const std::vector<char*>& windows, cudaStream_t stream);

@@ -424,6 +424,64 @@ def check_eager_between_replays(ctx: Ctx) -> str:
     return f"{n} replays interleaved with {2 * n} eager calls on the same tags"
 
 
+@check("c")
+def check_first_owned_call_after_capture(ctx: Ctx) -> str:
+    """A tag that has carried only borrowed calls (eager calls there skip the waits for owned
+    results): a borrowed call on it captured into a graph, then the tag's first owned calls
+    interleaved with replays of that graph and with eager borrowed calls at the address of one
+    made before the first owned call, back to back without a host synchronize; every result
+    checked. With the eager-graph cache on (P > 1), that eager borrowed call must get a graph
+    of its own after the tag's first owned call instead of the one made before it (a graph
+    without the owned waits, launched after an owned call, could overwrite a peer's window
+    before that peer has copied its owned result out)."""
+    P, rank, device = ctx.P, ctx.rank, ctx.device
+    case = pick(P, "bshd", torch.bfloat16, batch=2)
+    borrowed = Call(case, 0, "c-first", "borrowed")
+    owned = dataclasses.replace(borrowed, entry="copy", consume="wait")
+    group = ctx.group()
+    statics = ctx.warm_up(group, [borrowed], seed=7_800)
+    eager_x = statics[0].clone()  # the eager borrowed calls' input: one address throughout
+
+    def eager(call, x, seed):
+        xss = call.inputs(P, seed)
+        return keep([call], [issue(group, call, x.copy_(xss[rank].to(device)))])[0], xss
+
+    ctx.where = "eager borrowed calls before any owned call"
+    first = [eager(borrowed, eager_x, 7_810 + i) for i in range(2)]
+    cached = group.stats()["graphs_cached"]
+    g, outs = ctx.capture(group, [borrowed], statics)
+
+    n = ctx.short
+    owned_x = torch.empty_like(statics[0])
+    results = []
+    for i in range(n):
+        ctx.where = f"iteration {i}"
+        got_o = eager(owned, owned_x, 7_900 + 10 * i)
+        gx = borrowed.inputs(P, 7_901 + 10 * i)
+        statics[0].copy_(gx[rank].to(device))
+        g.replay()
+        got_g = (outs[0].clone(), gx)
+        got_b = eager(borrowed, eager_x, 7_902 + 10 * i)
+        results.append((got_o, got_g, got_b))
+        if i == 0 and P > 1 and group.stats()["graph_calls"] > 0:
+            # the owned call's graph and the borrowed call's second one (its first one, made
+            # before the owned call, must not be launched again)
+            new = group.stats()["graphs_cached"] - cached
+            assert new == 2, (f"rank {rank}: {new} graphs cached by the tag's first owned call "
+                              f"and the eager borrowed call after it, expected 2")
+    for i, (done, xss) in enumerate(first):
+        ctx.where = f"eager borrowed call {i} before the first owned call"
+        ctx.expect(borrowed.label(), done, borrowed.want(xss, rank))
+    for i, row in enumerate(results):
+        for what, (got, xss), call in zip(("owned call", "replay", "eager borrowed call"), row,
+                                          (owned, borrowed, borrowed)):
+            ctx.where = f"{what} {i}"
+            ctx.expect(call.label(), got, call.want(xss, rank))
+    finish(group)
+    return (f"{n} owned calls, {n} replays and {n} borrowed calls on a tag first used only by "
+            f"borrowed calls")
+
+
 # -- d: two graphs, one group, the same tags ---------------------------------------------------
 
 @check("d")
