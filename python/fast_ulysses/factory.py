@@ -28,9 +28,9 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
 
     Raises:
         ValueError for a bad `prefer`, for a group of more ranks than one node's 8 (the plan's
-        limit, which the fallback shares), for a FAST_ULYSSES_* setting refused on any rank
-        (unless prefer="torch"; every rank raises it, naming the rank), or prefer="fast" where
-        the fast path cannot run.
+        limit, which the fallback shares), for a FAST_ULYSSES_* setting refused on any rank or
+        FAST_ULYSSES_DEBUG=1 on some ranks only (unless prefer="torch"; every rank raises it,
+        naming the ranks), or prefer="fast" where the fast path cannot run.
     """
     check_prefer(prefer)
     if process_group is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .env import SHARED_GPU_ENV, settings_error, switch
+from .env import DEBUG_ENV, SHARED_GPU_ENV, settings_error, switch
 from .topology import PairInfo, RankInfo, Topology
 
 _SYS = Path("/sys")
@@ -52,7 +52,7 @@ def local_rank_info(index: int | None = None) -> RankInfo:
     refused = settings_error()
     base = dict(hostname=socket.gethostname(), cuda_load_error=cuda_load_error,
                 allow_shared_gpu=not refused and env_allows_shared_gpu(),
-                settings_error=refused)
+                settings_error=refused, debug=not refused and switch(DEBUG_ENV))
     if visible_gpu_count() == 0:
         return RankInfo(**base)
     if index is None:

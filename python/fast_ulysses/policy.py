@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .env import SHARED_GPU_ENV
+from .env import DEBUG_ENV, SHARED_GPU_ENV
 from .plan import limits
 from .topology import PairInfo, RankInfo, Topology, shared_gpu_pair
 
@@ -53,7 +53,8 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
 
     Raises:
         ValueError for a bad `prefer`, an empty topology, a FAST_ULYSSES_* setting refused on
-        any rank (`settings_message`, whatever `prefer` but "torch"), or prefer="fast" where the
+        any rank or FAST_ULYSSES_DEBUG=1 on some ranks only (`settings_message`, whatever
+        `prefer` but "torch"), or prefer="fast" where the
         fast path cannot run (no GPU, CUDA part missing, > 8 ranks, several nodes, ranks sharing
         a GPU without the opt-in, a pair without P2P): `cannot_run_message`.
     """
@@ -81,12 +82,20 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
 
 def settings_message(t: Topology) -> str:
     """The error for FAST_ULYSSES_* settings refused on some ranks (the first rank's message,
-    and which ranks), "" when every rank's settings parse."""
+    and which ranks), or for FAST_ULYSSES_DEBUG on some ranks only (with it, each call starts
+    with a collective that ranks without it never join: they would wait for each other); ""
+    when every rank's settings parse and agree."""
     bad = [r for r, info in enumerate(t.ranks) if info.settings_error]
-    if not bad:
-        return ""
-    which = f" (ranks {_ranks_text(bad)} refuse their settings)" if len(bad) > 1 else ""
-    return f"rank {bad[0]}: {t.ranks[bad[0]].settings_error}{which}"
+    if bad:
+        which = f" (ranks {_ranks_text(bad)} refuse their settings)" if len(bad) > 1 else ""
+        return f"rank {bad[0]}: {t.ranks[bad[0]].settings_error}{which}"
+    on = [r for r, info in enumerate(t.ranks) if info.debug]
+    if on and len(on) < len(t.ranks):
+        off = [r for r, info in enumerate(t.ranks) if not info.debug]
+        return (f"{DEBUG_ENV}=1 on {_rank_list(on)} but not on {_rank_list(off)}: set it the "
+                f"same on every rank (each call of a group built with it first checks every "
+                f"rank's call collectively, which ranks without it never join)")
+    return ""
 
 
 def cannot_run_message(blocker: str) -> str:
@@ -168,6 +177,10 @@ def _ranks_by(t: Topology, key) -> dict:
     for r, info in enumerate(t.ranks):
         groups.setdefault(key(info), []).append(r)
     return groups
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks_text(ranks)}"
 
 
 def _ranks_text(ranks: list[int]) -> str:

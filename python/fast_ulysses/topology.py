@@ -30,6 +30,8 @@ class RankInfo:
         cuda_load_error: fast_ulysses._ops.cuda_load_error on the rank ("" loaded).
         allow_shared_gpu: the rank set FAST_ULYSSES_ALLOW_SHARED_GPU=1.
         settings_error: why one of the rank's FAST_ULYSSES_* settings was refused ("" none).
+        debug: the rank set FAST_ULYSSES_DEBUG=1 (every rank must agree: each call is then
+            checked collectively).
     """
 
     hostname: str
@@ -43,6 +45,7 @@ class RankInfo:
     cuda_load_error: str = ""
     allow_shared_gpu: bool = False
     settings_error: str = ""
+    debug: bool = False
 
     @property
     def has_gpu(self) -> bool:

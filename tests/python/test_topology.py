@@ -124,6 +124,28 @@ def test_a_setting_refused_on_any_rank_raises_whatever_prefer_says():
     assert decide(machine(ranks), "torch") == (False, "prefer='torch'")  # gathers nothing
 
 
+def test_debug_on_some_ranks_only_raises_on_every_rank():
+    """FAST_ULYSSES_DEBUG=1 makes each call start with a collective: set on some ranks only, the
+    ranks would wait for each other, so the gathered topology refuses it (every rank raises)."""
+    ranks = [gpu(i, debug=i in (0, 2)) for i in range(4)]
+    for prefer in ("auto", "fast"):
+        with pytest.raises(ValueError, match=r"^FAST_ULYSSES_DEBUG=1 on ranks 0, 2 but not on "
+                                             r"ranks 1, 3: set it the same on every rank"):
+            decide(machine(ranks), prefer)
+    one = [gpu(i, debug=i == 3) for i in range(4)]
+    with pytest.raises(ValueError, match=r"=1 on rank 3 but not on ranks 0-2:"):
+        decide(machine(one))
+    assert decide(machine([gpu(i, debug=True) for i in range(4)]))[0] is True
+    assert decide(machine([gpu(i) for i in range(4)]))[0] is True
+
+
+def test_the_probe_reports_the_debug_switch(monkeypatch):
+    monkeypatch.setenv("FAST_ULYSSES_DEBUG", "1")
+    assert hardware.local_rank_info().debug is True
+    monkeypatch.setenv("FAST_ULYSSES_DEBUG", "0")
+    assert hardware.local_rank_info().debug is False
+
+
 def test_a_refused_setting_is_reported_by_the_probe_not_raised(monkeypatch):
     monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "1")
     monkeypatch.setenv("FAST_ULYSSES_EAGER_GRAPHS", "maybe")
