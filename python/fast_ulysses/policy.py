@@ -54,9 +54,9 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
     Raises:
         ValueError for a bad `prefer`, an empty topology, a FAST_ULYSSES_* setting refused on
         any rank or FAST_ULYSSES_DEBUG=1 on some ranks only (`settings_message`, whatever
-        `prefer` but "torch"), or prefer="fast" where the
-        fast path cannot run (no GPU, CUDA part missing, > 8 ranks, several nodes, ranks sharing
-        a GPU without the opt-in, a pair without P2P): `cannot_run_message`.
+        `prefer` but "torch"), or prefer="fast" where the fast path cannot run (no GPU, CUDA
+        part missing, > 8 ranks, several nodes, ranks sharing a GPU without the opt-in, a pair
+        without P2P): `cannot_run_message`.
     """
     check_prefer(prefer)
     if prefer == "torch":

@@ -431,9 +431,8 @@ def check_first_owned_call_after_capture(ctx: Ctx) -> str:
     interleaved with replays of that graph and with eager borrowed calls at the address of one
     made before the first owned call, back to back without a host synchronize; every result
     checked. With the eager-graph cache on (P > 1), that eager borrowed call must get a graph
-    of its own after the tag's first owned call instead of the one made before it (a graph
-    without the owned waits, launched after an owned call, could overwrite a peer's window
-    before that peer has copied its owned result out)."""
+    of its own after the tag's first owned call instead of the one made before it, which does
+    not wait for the peers' copies of their owned results out of their windows."""
     P, rank, device = ctx.P, ctx.rank, ctx.device
     case = pick(P, "bshd", torch.bfloat16, batch=2)
     borrowed = Call(case, 0, "c-first", "borrowed")

@@ -139,29 +139,35 @@ def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
 
 def check_make_group(pg) -> None:
     """make_group gathers the topology over the subgroup; CPU-only ranks get the fallback. A
-    setting refused on the group's last rank only is every rank's ValueError (none is left
-    waiting), naming that rank."""
+    setting refused on the group's last rank only, or FAST_ULYSSES_DEBUG=1 there only, is every
+    rank's ValueError (none is left waiting), naming that rank."""
     group = make_group(pg, 1 << 20)
     assert isinstance(group, TorchUlyssesGroup) and group.fallback
     if not torch.cuda.is_available():
         assert group.fallback_reason == "no GPU on rank 0", group.fallback_reason
-    last = dist.get_world_size(pg) - 1
-    name = "FAST_ULYSSES_WATCHDOG_S"
-    saved = os.environ.get(name)
-    if dist.get_rank(pg) == last:
-        os.environ[name] = "soon"
-    try:
-        make_group(pg, 1 << 20)
-    except ValueError as error:
-        want = f"rank {last}: {name}=soon: must be a number of seconds"
-        assert str(error).startswith(want), f"make_group raised {error!r}, expected {want!r}..."
-    else:
-        raise AssertionError(f"make_group did not raise for {name}=soon on group rank {last}")
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
+    P, last = dist.get_world_size(pg), dist.get_world_size(pg) - 1
+    others = "rank 0" if P == 2 else f"ranks 0-{last - 1}" if P > 3 else "ranks 0, 1"
+    for name, value, want in (
+            ("FAST_ULYSSES_WATCHDOG_S", "soon",
+             f"rank {last}: FAST_ULYSSES_WATCHDOG_S=soon: must be a number of seconds"),
+            ("FAST_ULYSSES_DEBUG", "1",
+             f"FAST_ULYSSES_DEBUG=1 on rank {last} but not on {others}: set it the same on "
+             f"every rank" if P > 1 else None)):
+        saved = os.environ.get(name)
+        if dist.get_rank(pg) == last:
+            os.environ[name] = value
+        try:
+            make_group(pg, 1 << 20)
+        except ValueError as error:
+            assert want is not None and str(error).startswith(want), (
+                f"make_group raised {error!r}, expected {want!r}...")
         else:
-            os.environ[name] = saved
+            assert want is None, f"make_group did not raise for {name}={value} on group rank {last}"
+        finally:
+            if saved is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = saved
 
 
 def main() -> int:
