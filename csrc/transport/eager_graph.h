@@ -7,10 +7,11 @@
 // handshake's flags hold only constants (handshake.h): a graph of a call is the same work as the
 // eager call, every time. On unless FAST_ULYSSES_EAGER_GRAPHS=0 (env.h).
 //
-// A key is everything the captured work depends on: tag slot, owned/deferred, the window's
-// address on every rank, every peer copy's geometry, and the address and allocation of each
-// operand (x, and an owned call's result): its CUDA buffer ID, so that memory freed and allocated
-// again at the same address never meets a graph made for the old allocation. Addresses are part
+// A key is everything the captured work depends on: tag slot, owned/deferred, whether the opening
+// handshake waits for owned results (ulysses_group.h), the window's address on every rank, every
+// peer copy's geometry, and the address and allocation of each operand (x, and an owned call's
+// result): its CUDA buffer ID, so that memory freed and allocated again at the same address never
+// meets a graph made for the old allocation. Addresses are part
 // of the key because CUDA cannot move a pitched copy node's source or destination in an
 // executable graph (cudaGraphExecMemcpyNodeSetParams takes one-dimensional copies only). A
 // signature (the key without the operands) gets a graph for at most kMaxAddresses distinct

@@ -113,10 +113,10 @@ const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool 
   return *window;
 }
 
-// Opening handshake of a call on `slot`, one batch on M (or on a stream capturing M's part of
-// a call, eager_graph.h): release my window (its previous
-// contents were read on C, joined into M, or copied out earlier on M), then acquire every
-// peer's: wait until it released what I last wrote there, and mark it held again.
+// Opening handshake of `call`, one batch on M (or on a stream capturing M's part of a call,
+// eager_graph.h): release my window (its previous contents were read on C, joined into M, or
+// copied out earlier on M), then acquire every peer's: wait until it released what I last wrote
+// there (and, with call.wait_owned, copied out its owned result), and mark it held again.
 void UlyssesGroup::open(const Call& call, cudaStream_t stream) {
   const int P = world_size();
   for (int k = 1; k < P; ++k)
