@@ -35,7 +35,7 @@
 #   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran, then
 #           fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo 720p; with .carry/old,
 #           the same bench of this tree and of the old commit, alternately (new, old, new, old),
-#           both installed outside the tree
+#           both installed outside the tree; without it, FUSED_RUNS (default 1) runs of this tree
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -55,7 +55,8 @@ fi
 # Forced, not defaulted: an image may set CXX to such a wrapper, and CMake caches the compiler
 # of an existing build tree, so the tree is rebuilt from scratch.
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
-rm -rf build/cp3*
+# KEEP_BUILD=1 on a machine still warm from a call that built this tree: keep that build.
+[ "${KEEP_BUILD:-0}" = 1 ] || rm -rf build/cp3*
 export FAST_ULYSSES_CUDA_ARCH=${FAST_ULYSSES_CUDA_ARCH:-90}
 quick_one() {  # $1: label, $2: P, then quick_wan.py's own options; extra environment from the caller
   local label=$1 P=$2; shift 2
@@ -191,7 +192,7 @@ if has fused; then
       PYTHONPATH=/tmp/${label%?}:${PYTHONPATH:-} fused_bench "$label"
     done
   else
-    fused_bench new1
+    for run in $(seq ${FUSED_RUNS:-1}); do fused_bench "new$run"; done
   fi
 fi
 if has ab && [ -d .carry/old ] && build_old && install_new; then
