@@ -20,7 +20,19 @@ using namespace device;
 
 // Two stages: one token in flight while one is worked on. Three and four were measured no
 // faster on the H200 (docs/BENCHMARK.md), and two keep a block's shared memory smallest.
-constexpr int kStages = 2;
+#ifndef FU_STAGES
+#define FU_STAGES 2
+#endif
+#ifndef FU_WEIGHTS_HELD  // experiment switch (probe builds): weights loaded once per block
+#define FU_WEIGHTS_HELD 0
+#endif
+#ifndef FU_WAN_BLOCKS
+#define FU_WAN_BLOCKS 4
+#endif
+#ifndef FU_ONE_UNIT_BLOCKS
+#define FU_ONE_UNIT_BLOCKS 3
+#endif
+constexpr int kStages = FU_STAGES;
 // A block's shared memory without the opt-in attribute; larger rows take the register kernel.
 constexpr size_t kMaxShared = 48 * 1024;
 // Stages start past the mbarriers, 128 bytes in.
@@ -114,6 +126,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
       if (token < tokens) fill(i, token);
     }
 
+#if FU_WEIGHTS_HELD
+  // Each thread's units are the same for every token: their weights, loaded once.
+  float held[kUnits][2 * V];
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k)
+    if (u.valid[k])
+      unit_weights<V>(a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d,
+                      u.off_a[k], u.off_b[k], held[k]);
+#endif
+
   int turn = 0;
   for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x, ++turn) {
     const int stage = turn % kStages;
@@ -142,10 +164,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       if (!u.valid[k]) continue;
-      const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d;
+#if FU_WEIGHTS_HELD
+      const float* wab = held[k];
+#else
+      float wab[2 * V];
+      unit_weights<V>(a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d,
+                      u.off_a[k], u.off_b[k], wab);
+#endif
       float ck[V], tk[V];
       unit_angles<V, false>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
-      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], ck, tk,
+      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], wab, u.off_a[k], u.off_b[k], ck, tk,
                                 u.out_base[k] + out_row * u.out_pitch[k]);
     }
     // Every thread has read this stage: refill it with the token kStages turns ahead.
@@ -209,9 +237,9 @@ bool launch(const NormRopeArgs& a, int threads, cudaStream_t stream, cudaError_t
 template <typename T>
 bool launch_type(const NormRopeArgs& a, int units_per_thread, int threads, cudaStream_t stream,
                  cudaError_t* error) {
-  if (units_per_thread == 1) return launch<T, 1, 256, 3>(a, threads, stream, error);
+  if (units_per_thread == 1) return launch<T, 1, 256, FU_ONE_UNIT_BLOCKS>(a, threads, stream, error);
   if (units_per_thread != 2) return false;
-  return launch<T, 2, 160, 4>(a, threads, stream, error) ||
+  return launch<T, 2, 160, FU_WAN_BLOCKS>(a, threads, stream, error) ||
          launch<T, 2, 512, 1>(a, threads, stream, error);
 }
 

@@ -367,3 +367,25 @@ def test_fused_style_follows_the_model():
     hunyuan = Case("hunyuan-720p", 1, [1], [1], 128, torch.bfloat16)
     assert fused_style(wan) == ("all_heads", "interleaved")
     assert fused_style(hunyuan) == ("per_head", "half")
+
+
+def test_transfer_row_is_over_peer_bytes_and_not_applicable_at_one_rank():
+    results = synthetic_results()
+    r = results["cases"][0]["result"]
+    r["peer_bytes"] = r["bytes_in"] * 7 // 8
+    transfer = "  transfer = copy - own share (derived)"
+    ms = max(r["fast_copy_ms"] - r["own_share_ms"], 0.0)
+    row = {row[1]: row for row in report.rows(results)}[transfer]
+    assert row[2:4] == [f"{ms:.3f}", f"{r['peer_bytes'] / ms / 1e6:.1f}"], row
+    results["machine"]["world_size"] = 1  # nothing moves: no figure, not noise over zero bytes
+    row = {row[1]: row for row in report.rows(results)}[transfer]
+    assert row[2:] == ["n/a: no peers at P = 1", "n/a", "n/a", "n/a"], row
+
+
+def test_own_share_bytes_are_this_ranks_chunk():
+    from fast_ulysses.bench.stages import own_share_bytes
+    case = Case("t", 1, [3, 5], [2, 4], 16, torch.bfloat16)
+    x0 = torch.empty(case.input_shape(1, 0), dtype=torch.bfloat16)  # (1, 5, 6, 16)
+    assert own_share_bytes(case, 0, 1, x0) == 1 * 5 * 4 * 16 * 2
+    x1 = torch.empty(case.input_shape(1, 1), dtype=torch.bfloat16)  # (1, 8, 4, 16)
+    assert own_share_bytes(case, 1, 1, x1) == 1 * 5 * 4 * 16 * 2

@@ -53,6 +53,17 @@ def graph_rows(r: dict) -> list[tuple]:
     return out
 
 
+def transfer_cells(r: dict, world_size: int) -> list[str]:
+    """The derived transfer row's ms, GB/s, speedup and host cells. GB/s is over the bytes sent
+    to peers (`peer_bytes`; files written before it existed: all of `bytes_in`). At P = 1 there
+    is no transfer: the difference of two measured times would be noise, so it says n/a."""
+    if world_size == 1:
+        return [f"{NA}: no peers at P = 1", NA, NA, NA]
+    ms = max(r["fast_copy_ms"] - r["own_share_ms"], 0.0)
+    return [_ms(ms), _gbps(r.get("peer_bytes", r["bytes_in"]), ms),
+            _ratio(r.get("baseline_ms"), ms), NA]
+
+
 def rows(results: dict) -> list[list[str]]:
     """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
     against the permute + all_to_all_single + permute baseline, host us per call (per replay
@@ -70,12 +81,12 @@ def rows(results: dict) -> list[list[str]]:
             ("fast-ulysses copy", r["fast_copy_ms"], r["fast_copy_host_us"]),
             ("fast-ulysses borrowed", r["fast_borrowed_ms"], r["fast_borrowed_host_us"]),
             ("  own-share relayout (torch copy_)", r["own_share_ms"], None),
-            ("  transfer = copy - own share (derived)",
-             max(r["fast_copy_ms"] - r["own_share_ms"], 0.0), None),
         ]
         for name, ms, host in variants:
             out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
                         NA if host is None else f"{host:.1f}"])
+        out.append([label, "  transfer = copy - own share (derived)", *transfer_cells(
+            r, results["machine"]["world_size"])])
         for name, ms, host, error in graph_rows(r):
             if error is not None:
                 out.append([label, name, f"{NA}: {error[:ERROR_CHARS]}", "", "", ""])

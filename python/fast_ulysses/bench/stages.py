@@ -82,6 +82,12 @@ class Baseline:
         return self.permute_out(self.exchange(self.permute_in(x)))
 
 
+def own_share_bytes(case: Case, mode: int, rank: int, x: torch.Tensor) -> int:
+    """Bytes of x that stay on this rank: its own head chunk (mode 0) or sequence chunk (1)."""
+    splits, dim = (case.head_splits, 2) if mode == 0 else (case.seq_splits, 1)
+    return x.numel() // x.shape[dim] * splits[rank] * x.element_size()
+
+
 def own_share_copy(case: Case, mode: int, rank: int, x: torch.Tensor):
     """The relayout of this rank's own share, as a torch copy_ of the same strided chunk."""
     p = make_plan(len(case.seq_splits), rank, mode, x.shape, x.dtype, **case.kwargs())
@@ -185,6 +191,7 @@ def run_case(case: Case, mode: int, ctx) -> dict:
     x = (torch.randn(case.input_shape(ctx.rank, mode), device=ctx.device) * 2).to(case.dtype)
     copy, borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}", case.kwargs())
     r = {"bytes_in": x.numel() * x.element_size()}
+    r["peer_bytes"] = r["bytes_in"] - own_share_bytes(case, mode, ctx.rank, x)
     it, wu = ctx.iters, ctx.warmup
     r["fast_copy_ms"] = median_ms(copy, it, wu)
     r["fast_borrowed_ms"] = median_ms(borrowed, it, wu)
