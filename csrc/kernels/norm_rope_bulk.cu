@@ -73,8 +73,8 @@ __host__ __device__ inline size_t stage_bytes(const NormRopeArgs& a, int element
 // instantiations below hold three blocks of 160 (Wan, 40 heads) or 192 (HunyuanVideo, 24
 // heads) threads per multiprocessor (128 and 96 registers with the held weights; at the four
 // blocks an earlier version ran, the held weights spill). The held weights at three blocks
-// were faster than per-token weight loads at four (docs/BENCHMARK.md, 2026-12-06). A block runs tokens blockIdx.x, + gridDim.x, ...; the grid
-// is one wave (launch_norm_rope_bulk).
+// were faster than per-token weight loads at four (docs/BENCHMARK.md, 2026-12-06). A block
+// runs tokens blockIdx.x, + gridDim.x, ...; the grid is one wave (launch_norm_rope_bulk).
 template <typename T, int kUnits, int kMaxThreads, int kMinBlocks>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel(NormRopeArgs a) {
 #ifdef FU_BULK_COPIES
@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
       if (!u.valid[k]) continue;
       float ck[V], tk[V];
       unit_angles<V, false>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
-      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], held[k], u.off_a[k], u.off_b[k], ck, tk,
-                                u.out_base[k] + out_row * u.out_pitch[k]);
+      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], held[k], u.off_a[k], u.off_b[k], ck,
+                                tk, u.out_base[k] + out_row * u.out_pitch[k]);
     }
     // Every thread has read this stage: refill it with the token kStages turns ahead.
     __syncthreads();
