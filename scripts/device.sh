@@ -32,7 +32,7 @@
 #           8) processes at once on the GPU, as ranks sharing it are
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
-#   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran, then
+#   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran or FUSED_TESTS=0, then
 #           fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo 720p; with .carry/old,
 #           the same bench of this tree and of the old commit, alternately (new, old, new, old),
 #           both installed outside the tree; without it, FUSED_RUNS (default 1) runs of this tree
@@ -179,7 +179,7 @@ fused_bench() {  # $1: label; the package on PYTHONPATH (or the editable install
   echo "bench --fused $1 rc=$?"; grep -iE "fused|wan|hunyuan" "$OUT/fused_$1.log" | grep -v -i warn | tail -12
 }
 if has fused; then
-  if ! has tests; then
+  if ! has tests && [ "${FUSED_TESTS:-1}" = 1 ]; then
     timeout ${FUSED_TIMEOUT:-400} python3 -m pytest tests/gpu/test_fused_gpu.py -v -rs \
       -p no:cacheprovider > "$OUT/fused_pytest.log" 2>&1
     echo "pytest fused rc=$?"; grep -E "FAILED|ERROR" "$OUT/fused_pytest.log" | head -20
