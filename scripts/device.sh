@@ -33,9 +33,10 @@
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
 #   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran or
-#           FUSED_TESTS=0, then fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo 720p; with .carry/old,
-#           the same bench of this tree and of the old commit, alternately (new, old, new, old),
-#           both installed outside the tree; without it, FUSED_RUNS (default 1) runs of this tree
+#           FUSED_TESTS=0, then fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo
+#           720p; with .carry/old, the same bench of this tree and of the old commit, alternately
+#           (new, old, new, old), both installed outside the tree; without it, FUSED_RUNS
+#           (default 1) runs of this tree
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
