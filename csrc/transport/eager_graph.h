@@ -11,12 +11,12 @@
 // handshake waits for owned results (ulysses_group.h), the window's address on every rank, every
 // peer copy's geometry, and the address and allocation of each operand (x, and an owned call's
 // result): its CUDA buffer ID, so that memory freed and allocated again at the same address never
-// meets a graph made for the old allocation. Addresses are part
-// of the key because CUDA cannot move a pitched copy node's source or destination in an
-// executable graph (cudaGraphExecMemcpyNodeSetParams takes one-dimensional copies only). A
-// signature (the key without the operands) gets a graph for at most kMaxAddresses distinct
-// operands; a signature whose operands keep moving past that, or whose capture or instantiation
-// CUDA refuses, is issued call by call from then on. Nothing is ever issued twice.
+// meets a graph made for the old allocation. Addresses are part of the key because CUDA cannot
+// move a pitched copy node's source or destination in an executable graph
+// (cudaGraphExecMemcpyNodeSetParams takes one-dimensional copies only). A signature (the key
+// without the operands) gets a graph for at most kMaxAddresses distinct operands; a signature
+// whose operands keep moving past that, or whose capture or instantiation CUDA refuses, is
+// issued call by call from then on. Nothing is ever issued twice.
 #pragma once
 
 #include <cuda_runtime_api.h>
