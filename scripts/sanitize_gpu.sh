@@ -28,6 +28,12 @@ if [[ ! -x $sanitizer ]]; then
   exit 2
 fi
 python=$(command -v python)
+# A worker that cannot import the package exits before its first CUDA call, which the sanitizer
+# reports only as "terminated before first instrumented API call": say so plainly instead.
+if ! "$python" -c "import fast_ulysses" 2>/dev/null; then
+  echo "sanitize: '$python' cannot import fast_ulysses: install the package first" >&2
+  exit 2
+fi
 
 export FAST_ULYSSES_ALLOW_SHARED_GPU=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

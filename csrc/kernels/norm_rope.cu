@@ -145,13 +145,15 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
     for (int k = 0; k < kUnits; ++k) {
       if (!u.valid[k]) continue;
       const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d;
+      float wab[2 * V];
+      unit_weights<V>(w, u.off_a[k], u.off_b[k], wab);
       if constexpr (kPrefetch) {
-        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], c[k],
+        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], wab, u.off_a[k], u.off_b[k], c[k],
                                   t[k], u.out_base[k] + out_row * u.out_pitch[k]);
       } else {
         float ck[V], tk[V];
         unit_angles<V, true>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
-        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], ck, tk,
+        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], wab, u.off_a[k], u.off_b[k], ck, tk,
                                   u.out_base[k] + out_row * u.out_pitch[k]);
       }
     }

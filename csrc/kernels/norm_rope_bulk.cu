@@ -1,10 +1,10 @@
 // The fused norm + RoPE vector kernel fed by bulk copies (the Hopper TMA's non-tensor form,
 // cp.async.bulk): one thread copies each token's whole row of x and its cos and sin rows into a
 // shared-memory stage, and an mbarrier says when the bytes have landed. The next token is in
-// flight while this one is summed, normalised, rotated and stored, and no register holds it, so
-// the kernel runs at four blocks per multiprocessor where the register-prefetching kernel
-// (norm_rope.cu) runs at three (Wan) or at its limit of 128 registers. Same math, same order of
-// summation, same bits as that kernel (norm_rope_device.cuh).
+// flight while this one is summed, normalised, rotated and stored, and no register holds it:
+// the registers hold each thread's weights instead, loaded once for all its tokens. Same math,
+// same order of summation, same bits as the register-prefetching kernel (norm_rope.cu,
+// norm_rope_device.cuh).
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -70,9 +70,11 @@ __host__ __device__ inline size_t stage_bytes(const NormRopeArgs& a, int element
 }
 
 // kMaxThreads and kMinBlocks cap the registers (65536 / (kMaxThreads * kMinBlocks)): the
-// instantiations below hold four blocks of 160 (Wan, 40 heads) or 192 (HunyuanVideo, 24
-// heads) threads per multiprocessor. A block runs tokens blockIdx.x, + gridDim.x, ...; the grid
-// is one wave (launch_norm_rope_bulk).
+// instantiations below hold three blocks of 160 (Wan, 40 heads) or 192 (HunyuanVideo, 24
+// heads) threads per multiprocessor (128 and 96 registers with the held weights; at the four
+// blocks an earlier version ran, the held weights spill). The held weights at three blocks
+// were faster than per-token weight loads at four (docs/BENCHMARK.md, 2026-12-06). A block
+// runs tokens blockIdx.x, + gridDim.x, ...; the grid is one wave (launch_norm_rope_bulk).
 template <typename T, int kUnits, int kMaxThreads, int kMinBlocks>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel(NormRopeArgs a) {
 #ifdef FU_BULK_COPIES
@@ -114,6 +116,15 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
       if (token < tokens) fill(i, token);
     }
 
+  // Each thread's units are the same for every token: their weights, loaded once and held in
+  // registers (per token they were 2 KB of L1 loads a warp).
+  float held[kUnits][2 * V];
+#pragma unroll
+  for (int k = 0; k < kUnits; ++k)
+    if (u.valid[k])
+      unit_weights<V>(a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d,
+                      u.off_a[k], u.off_b[k], held[k]);
+
   int turn = 0;
   for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x, ++turn) {
     const int stage = turn % kStages;
@@ -142,11 +153,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       if (!u.valid[k]) continue;
-      const float* w = a.per_head ? a.weight : a.weight + static_cast<int64_t>(u.head[k]) * d;
       float ck[V], tk[V];
       unit_angles<V, false>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
-      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], w, u.off_a[k], u.off_b[k], ck, tk,
-                                u.out_base[k] + out_row * u.out_pitch[k]);
+      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], held[k], u.off_a[k], u.off_b[k], ck,
+                                tk, u.out_base[k] + out_row * u.out_pitch[k]);
     }
     // Every thread has read this stage: refill it with the token kStages turns ahead.
     __syncthreads();
@@ -209,9 +219,9 @@ bool launch(const NormRopeArgs& a, int threads, cudaStream_t stream, cudaError_t
 template <typename T>
 bool launch_type(const NormRopeArgs& a, int units_per_thread, int threads, cudaStream_t stream,
                  cudaError_t* error) {
-  if (units_per_thread == 1) return launch<T, 1, 256, 3>(a, threads, stream, error);
+  if (units_per_thread == 1) return launch<T, 1, 256, 2>(a, threads, stream, error);
   if (units_per_thread != 2) return false;
-  return launch<T, 2, 160, 4>(a, threads, stream, error) ||
+  return launch<T, 2, 160, 3>(a, threads, stream, error) ||
          launch<T, 2, 512, 1>(a, threads, stream, error);
 }
 

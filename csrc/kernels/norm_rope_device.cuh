@@ -243,19 +243,27 @@ __device__ __forceinline__ float unit_squares(const uint4& ga, const uint4& gb) 
   return sum;
 }
 
-// One unit normalised (times its weights at w + off_a, w + off_b), rotated by its angles ck, tk
-// (V each), rounded once and stored at out + off_a, out + off_b.
+// One unit's weights: V at w + off_a into wab, then V at w + off_b (as normalise_rotate_store
+// takes them).
+template <int V>
+__device__ __forceinline__ void unit_weights(const float* w, int off_a, int off_b, float* wab) {
+  load_floats(w + off_a, wab, V);
+  load_floats(w + off_b, wab + V, V);
+}
+
+// One unit normalised (times its weights wab: unit_weights), rotated by its angles ck, tk (V
+// each), rounded once and stored at out + off_a, out + off_b.
 template <typename T>
 __device__ __forceinline__ void normalise_rotate_store(const NormRopeArgs& a, const uint4& ga,
                                                        const uint4& gb, float rstd,
-                                                       const float* w, int off_a, int off_b,
+                                                       const float* wab, int off_a, int off_b,
                                                        const float* ck, const float* tk, T* out) {
   constexpr int V = Group<T>::kV;
-  float fa[V], fb[V], wa[V], wb[V];
+  float fa[V], fb[V];
+  const float* wa = wab;
+  const float* wb = wab + V;
   unpack<T>(ga, fa);
   unpack<T>(gb, fb);
-  load_floats(w + off_a, wa, V);
-  load_floats(w + off_b, wb, V);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     fa[i] = fa[i] * rstd * wa[i];
