@@ -11,7 +11,7 @@ cross the inter-socket link of a PCIe machine (NCCL stages those through host me
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from .env import DEBUG_ENV, SHARED_GPU_ENV
 from .plan import limits
@@ -85,13 +85,23 @@ def settings_message(t: Topology) -> str:
     and which ranks), or for FAST_ULYSSES_DEBUG on some ranks only (with it, each call starts
     with a collective that ranks without it never join: they would wait for each other); ""
     when every rank's settings parse and agree."""
-    bad = [r for r, info in enumerate(t.ranks) if info.settings_error]
+    return debug_message([info.debug for info in t.ranks],
+                         [info.settings_error for info in t.ranks])
+
+
+def debug_message(debug: Sequence[bool], errors: Sequence[str]) -> str:
+    """The error for settings refused on some ranks (`errors[r]`: rank r's parser message, ""
+    if none; the first rank's message, and which ranks), or for FAST_ULYSSES_DEBUG=1 on some
+    ranks only (`debug[r]`: rank r has it); "" when every rank's settings parse and agree. Both
+    groups ask it: `settings_message` for the topology, and `TorchUlyssesGroup` for the debug
+    setting alone (make_group(prefer="torch") and a direct build gather no topology)."""
+    bad = [r for r, error in enumerate(errors) if error]
     if bad:
         which = f" (ranks {_ranks_text(bad)} refuse their settings)" if len(bad) > 1 else ""
-        return f"rank {bad[0]}: {t.ranks[bad[0]].settings_error}{which}"
-    on = [r for r, info in enumerate(t.ranks) if info.debug]
-    if on and len(on) < len(t.ranks):
-        off = [r for r, info in enumerate(t.ranks) if not info.debug]
+        return f"rank {bad[0]}: {errors[bad[0]]}{which}"
+    on = [r for r, flag in enumerate(debug) if flag]
+    if on and len(on) < len(debug):
+        off = [r for r, flag in enumerate(debug) if not flag]
         return (f"{DEBUG_ENV}=1 on {_rank_list(on)} but not on {_rank_list(off)}: set it the "
                 f"same on every rank (each call of a group built with it first checks every "
                 f"rank's call collectively, which ranks without it never join)")

@@ -140,29 +140,40 @@ def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
 def check_make_group(pg) -> None:
     """make_group gathers the topology over the subgroup; CPU-only ranks get the fallback. A
     setting refused on the group's last rank only, or FAST_ULYSSES_DEBUG=1 there only, is every
-    rank's ValueError (none is left waiting), naming that rank."""
+    rank's ValueError (none is left waiting), naming that rank. FAST_ULYSSES_DEBUG=1 there only
+    is refused the same way by a TorchUlyssesGroup built directly and by make_group(prefer=
+    "torch"), which gather no topology, and so is a refused FAST_ULYSSES_DEBUG value on the last
+    rank only (the other ranks would otherwise wait for it in the group's gather)."""
     group = make_group(pg, 1 << 20)
     assert isinstance(group, TorchUlyssesGroup) and group.fallback
     if not torch.cuda.is_available():
         assert group.fallback_reason == "no GPU on rank 0", group.fallback_reason
     P, last = dist.get_world_size(pg), dist.get_world_size(pg) - 1
     others = "rank 0" if P == 2 else f"ranks 0-{last - 1}" if P > 3 else "ranks 0, 1"
-    for name, value, want in (
+    debug_want = (f"FAST_ULYSSES_DEBUG=1 on rank {last} but not on {others}: set it the same on "
+                  f"every rank" if P > 1 else None)
+    for name, value, want, build, how in (
             ("FAST_ULYSSES_WATCHDOG_S", "soon",
-             f"rank {last}: FAST_ULYSSES_WATCHDOG_S=soon: must be a number of seconds"),
-            ("FAST_ULYSSES_DEBUG", "1",
-             f"FAST_ULYSSES_DEBUG=1 on rank {last} but not on {others}: set it the same on "
-             f"every rank" if P > 1 else None)):
+             f"rank {last}: FAST_ULYSSES_WATCHDOG_S=soon: must be a number of seconds",
+             lambda: make_group(pg, 1 << 20), "make_group"),
+            ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: make_group(pg, 1 << 20),
+             "make_group"),
+            ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: make_group(pg, prefer="torch"),
+             "make_group(prefer='torch')"),
+            ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: TorchUlyssesGroup(pg),
+             "TorchUlyssesGroup"),
+            ("FAST_ULYSSES_DEBUG", "yes", f"rank {last}: FAST_ULYSSES_DEBUG=yes: must be 0",
+             lambda: TorchUlyssesGroup(pg), "TorchUlyssesGroup")):
         saved = os.environ.get(name)
         if dist.get_rank(pg) == last:
             os.environ[name] = value
         try:
-            make_group(pg, 1 << 20)
+            build()
         except ValueError as error:
             assert want is not None and str(error).startswith(want), (
-                f"make_group raised {error!r}, expected {want!r}...")
+                f"{how} raised {error!r}, expected {want!r}...")
         else:
-            assert want is None, f"make_group did not raise for {name}={value} on group rank {last}"
+            assert want is None, f"{how} did not raise for {name}={value} on group rank {last}"
         finally:
             if saved is None:
                 os.environ.pop(name, None)
