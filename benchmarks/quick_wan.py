@@ -2,7 +2,9 @@
 ranks, fast-ulysses copy and borrowed: device time per call (CUDA events over back-to-back
 calls) and host CPU microseconds per call (issue time, no synchronize inside the loop).
 `borrowed-op` calls the op directly (torch.ops.fast_ulysses...), without the Python method: the
-difference to `borrowed` is the wrapper's cost. Each row also says how many of its calls were
+difference to `borrowed` is the wrapper's cost. `dispatch-only` calls the op
+`fast_ulysses::check_device` (the group lookup and its device rule, no CUDA work): what reaching
+any of the ops from Python costs on this machine. Each row also says how many of its calls were
 launched from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS, on unless set to 0). With
 FAST_ULYSSES_HOST_PROFILE=1 it also prints where the host time goes, stage by stage (each
 stage's mean microseconds per call, the largest over the ranks). Last, "first call at a new
@@ -115,6 +117,7 @@ def main() -> None:
     x = torch.randn(1, seq[rank], heads, 128, dtype=torch.bfloat16, device=device)
     kw = dict(seq_splits=seq, head_splits=hsplit)
     op = torch.ops.fast_ulysses.all_to_all_single_4d_borrowed
+    check_device = torch.ops.fast_ulysses.check_device
     profiling = os.environ.get("FAST_ULYSSES_HOST_PROFILE") == "1"
     reset = (lambda: group._host_profile()) if profiling else (lambda: None)
     results = {}
@@ -122,7 +125,8 @@ def main() -> None:
             ("copy", lambda: _wait(group.all_to_all_single_4d(x, 0, "q", **kw))),
             ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
             ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True,
-                                       rank))):
+                                       rank)),
+            ("dispatch-only", lambda: check_device(group.group_name, x))):
         launched = group.stats().get("graph_calls", 0)  # (older trees have no such count)
         ms, us = measure(call, args.iters, warmup=3, after_warmup=reset,
                          staggered=args.staggered)
@@ -157,9 +161,12 @@ def main() -> None:
             print(f"  {name:11s} {r['host_us_per_call']:.1f} us host CPU/call, {device}; "
                   f"{r['graph_calls_fewest_rank']} of {r['calls']} calls launched from cached "
                   "graphs (fewest on any rank)")
-            if "host_us_by_stage" in r:
+            if "host_us_by_stage" in r and name != "dispatch-only":
+                staged = sum(r["host_us_by_stage"].values())
                 print("            host us by stage: " + ", ".join(
-                    f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items()))
+                    f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items()) +
+                    f"; outside the stages {r['host_us_per_call'] - staged:.1f} (slowest "
+                    "rank's call less each stage's largest mean: an estimate)")
         if args.json:
             for r in results.values():
                 if math.isnan(r["ms_per_call"]):
