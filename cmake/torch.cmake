@@ -1,5 +1,5 @@
 # Finds the installed torch (the one `python` imports) and the CUDA toolkit, without torch's own
-# CMake package: that one probes cuDNN, NVTX and friends we do not use. We need headers, five
+# CMake package: that one probes cuDNN, NVTX and friends we do not use. We need headers, six
 # libraries and the C++ ABI flag torch was built with.
 find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
 find_package(CUDAToolkit 12.8 REQUIRED)
@@ -32,6 +32,11 @@ target_include_directories(fu_torch SYSTEM INTERFACE
 target_compile_definitions(fu_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 target_link_directories(fu_torch INTERFACE ${TORCH_DIR}/lib)
 target_link_libraries(fu_torch INTERFACE c10 torch torch_cpu)
+
+# torch's Python bindings (THPVariable, its exception translation): only for a module's
+# functions that take and return tensors from Python (csrc/ops/fast_entry.cpp).
+add_library(fu_torch_python INTERFACE)
+target_link_libraries(fu_torch_python INTERFACE fu_torch torch_python)
 
 add_library(fu_torch_cuda INTERFACE)
 target_compile_definitions(fu_torch_cuda INTERFACE USE_CUDA)

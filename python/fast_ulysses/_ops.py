@@ -75,9 +75,12 @@ except ImportError as error:
 
 cuda_load_error: str = cuda_mismatch(_build_info.TORCH_CUDA_VERSION, torch.__version__,
                                      torch.version.cuda)
+# The CUDA part's module (None where it did not load): its functions `owned` and `borrowed` are
+# UlyssesGroup's eager way into the collectives (csrc/ops/fast_entry.cpp).
+cuda_module = None
 if not cuda_load_error:
     try:
-        importlib.import_module("fast_ulysses._cuda")
+        cuda_module = importlib.import_module("fast_ulysses._cuda")
     except ImportError as error:  # pragma: no cover - depends on the build
         cuda_load_error = f"fast_ulysses._cuda failed to load: {error}"
 

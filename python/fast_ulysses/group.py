@@ -1,5 +1,7 @@
 """UlyssesGroup: the fast path. A thin wrapper over the C++ transport (csrc/transport) reached
-through `torch.ops.fast_ulysses.*`; everything that moves bytes or signals is in C++."""
+through the ops `torch.ops.fast_ulysses.*` (eager calls through `fast_ulysses._cuda`'s typed
+dispatcher calls of the same ops: csrc/ops/fast_entry.cpp); everything that moves bytes or
+signals is in C++."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from ._ops import cuda_load_error, ops
+from ._ops import cuda_load_error, cuda_module, ops
 from .api import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
@@ -108,8 +110,13 @@ class UlyssesGroup:
                 as_splits(head_splits, "head_splits"), layout, self.rank)
         if x.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
             return ops.all_to_all_single_4d(*args)
-        with torch._C._AutoDispatchBelowAutograd():  # skips the Python autograd kernel
-            return ops.all_to_all_single_4d(*args)
+        # No grad needed: the op below autograd (skipping its Python autograd kernel), reached
+        # through the CUDA module's typed dispatcher call, or torch.ops where that declines.
+        out = cuda_module.owned(*args)
+        if out is NotImplemented:
+            with torch._C._AutoDispatchBelowAutograd():
+                out = ops.all_to_all_single_4d(*args)
+        return out
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,
@@ -136,12 +143,12 @@ class UlyssesGroup:
                                              head_splits=head_splits, layout=layout)
         self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
                           head_splits, layout, barrier)
-        # (The op's Autograd kernel is C++ and only applies the rule checked above: cheaper than
-        # skipping it with a Python context manager.)
-        return ops.all_to_all_single_4d_borrowed(x, as_mode(mode), tag, self.group_name,
-                                                 as_splits(seq_splits, "seq_splits"),
-                                                 as_splits(head_splits, "head_splits"),
-                                                 layout, bool(barrier), self.rank)
+        args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
+                as_splits(head_splits, "head_splits"), layout, bool(barrier), self.rank)
+        # The op below autograd (its Autograd kernel only applies the rule checked above),
+        # through the CUDA module's typed dispatcher call, or torch.ops where that declines.
+        out = cuda_module.borrowed(*args)
+        return ops.all_to_all_single_4d_borrowed(*args) if out is NotImplemented else out
 
     def barrier(self) -> None:
         """Closes every deferred borrowed call (barrier=False): stream-ordered on the caller's

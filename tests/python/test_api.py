@@ -26,10 +26,26 @@ def protocol_members():
 
 
 class RecordingOps:
-    """Stands in for torch.ops.fast_ulysses in group.py: records each call's arguments."""
+    """Stands in for torch.ops.fast_ulysses in group.py, and for the CUDA module whose `owned`
+    and `borrowed` reach the same ops (csrc/ops/fast_entry.cpp): records each call's arguments
+    under the op's name. With `decline`, the module's functions return NotImplemented (as they
+    do for what they were not built for), recorded as ("declined", args)."""
 
     def __init__(self):
         self.calls = []
+        self.decline = False
+
+    def owned(self, *args):
+        return self._module_call(self.all_to_all_single_4d, args)
+
+    def borrowed(self, *args):
+        return self._module_call(self.all_to_all_single_4d_borrowed, args)
+
+    def _module_call(self, op, args):
+        if self.decline:
+            self.calls.append(("declined", args))
+            return NotImplemented
+        return op(*args)
 
     def all_to_all_single_4d(self, *args):
         self.calls.append(("all_to_all_single_4d", args))
@@ -60,6 +76,7 @@ def fast_group(monkeypatch, world1):
     __init__ (which needs a GPU); its device is the CPU so that its tensor checks pass."""
     recorder = RecordingOps()
     monkeypatch.setattr(group_module, "ops", recorder)
+    monkeypatch.setattr(group_module, "cuda_module", recorder)
     g = object.__new__(UlyssesGroup)
     g.process_group, g.group_name = world1, world1.group_name
     g.rank, g.world_size, g.device = 0, 1, torch.device("cpu")
@@ -108,6 +125,18 @@ def test_fast_group_passes_a_plain_int_mode_to_the_op(fast_group, entry, debug):
     getattr(fast_group, entry)(x, fu.Mode.HEAD_TO_SEQ, "t")
     (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
     assert name == entry and args[1] == 1 and type(args[1]) is int
+
+
+@pytest.mark.parametrize("entry", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed"])
+def test_fast_group_calls_torch_ops_where_the_cuda_module_declines(fast_group, entry):
+    """The CUDA module's function declines (NotImplemented): the method calls torch.ops with
+    the very same arguments and returns its result."""
+    fast_group.recorder.decline = True
+    x = torch.zeros(1, 2, 2, 8)
+    out = getattr(fast_group, entry)(x, 0, "t", seq_splits=[2], head_splits=[2])
+    calls = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    assert [name for name, _ in calls] == ["declined", entry], calls
+    assert calls[0][1] == calls[1][1] and out is x
 
 
 @pytest.mark.parametrize("name", sorted(fu.DTYPE_NAMES))

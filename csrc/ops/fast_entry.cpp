@@ -1,0 +1,160 @@
+// The eager way in for UlyssesGroup's methods: `fast_ulysses._cuda.owned(...)` and `.borrowed(...)`
+// take exactly the arguments the methods pass to the ops and call the same op through the
+// dispatcher, typed and below autograd (the methods have applied the autograd rules by then).
+// What they skip is torch.ops' Python-side work: matching the arguments against the schema,
+// boxing them, and, for the borrowed op, its boxed Autograd kernel. That was most of a call's
+// host time outside the transport (docs/BENCHMARK.md, 2026-12-06 later).
+//
+// Still the dispatcher: the profiler records the op, dispatch modes (TorchDispatchMode, fake
+// tensors' mode) and the Meta and CPU kernels all see it as they would through torch.ops. What
+// these functions are not built for, they decline by returning NotImplemented, and the method
+// then calls torch.ops as before: a tensor subclass or a torch-function mode (both are handled
+// before the dispatcher, in torch.ops' Python argument parsing), or an argument of any other
+// type than the method passes (torch.ops raises its own error for it).
+#include "ops/fast_entry.h"
+
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fast_ulysses::ops {
+namespace {
+
+// The kernels' signature (cuda_ops.cpp, plan_ops.h's Meta kernels): a typed call must match it.
+using Splits = std::optional<at::IntArrayRef>;
+using OwnedSignature = at::Tensor(const at::Tensor&, int64_t, std::string, std::string, Splits,
+                                  Splits, std::string, std::optional<int64_t>);
+using BorrowedSignature = at::Tensor(const at::Tensor&, int64_t, std::string, std::string, Splits,
+                                     Splits, std::string, bool, std::optional<int64_t>);
+
+const c10::TypedOperatorHandle<OwnedSignature>& owned_op() {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d", "")
+                                 .typed<OwnedSignature>();
+  return handle;
+}
+
+const c10::TypedOperatorHandle<BorrowedSignature>& borrowed_op() {
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d_borrowed", "")
+          .typed<BorrowedSignature>();
+  return handle;
+}
+
+// Conversions of the method's arguments: false (no Python error set) for anything else.
+bool as_int(PyObject* o, int64_t* out) {
+  if (!PyLong_CheckExact(o)) return false;  // (a bool is not one: PyBool is a subclass)
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = value;
+  return true;
+}
+
+bool as_string(PyObject* o, std::string* out) {
+  if (!PyUnicode_CheckExact(o)) return false;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(o, &size);
+  if (text == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  out->assign(text, static_cast<size_t>(size));
+  return true;
+}
+
+bool as_splits(PyObject* o, std::optional<std::vector<int64_t>>* out) {
+  if (o == Py_None) return true;
+  if (!PyList_CheckExact(o)) return false;
+  std::vector<int64_t> values(static_cast<size_t>(PyList_GET_SIZE(o)));
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!as_int(PyList_GET_ITEM(o, static_cast<Py_ssize_t>(i)), &values[i])) return false;
+  *out = std::move(values);
+  return true;
+}
+
+Splits splits_view(const std::optional<std::vector<int64_t>>& splits) {
+  return splits ? Splits(*splits) : std::nullopt;
+}
+
+// The arguments both ops share, in schema order: x, mode, tag, group_name, seq_splits,
+// head_splits, layout; the rank is the last (the borrowed op's barrier comes before it).
+struct Arguments {
+  PyObject* x = nullptr;
+  int64_t mode = 0;
+  std::string tag, group_name, layout;
+  std::optional<std::vector<int64_t>> seq_splits, head_splits;
+  int64_t rank = 0;
+};
+
+bool parse(PyObject* const* args, Py_ssize_t count, Py_ssize_t expected, Arguments* a) {
+  if (count != expected) return false;
+  a->x = args[0];
+  return THPVariable_CheckExact(a->x) && !at::impl::torch_function_mode_enabled() &&
+         as_int(args[1], &a->mode) && as_string(args[2], &a->tag) &&
+         as_string(args[3], &a->group_name) && as_splits(args[4], &a->seq_splits) &&
+         as_splits(args[5], &a->head_splits) && as_string(args[6], &a->layout) &&
+         as_int(args[expected - 1], &a->rank);
+}
+
+PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  Arguments a;
+  if (!parse(args, count, 8, &a)) Py_RETURN_NOTIMPLEMENTED;
+  const at::Tensor& x = THPVariable_Unpack(a.x);
+  at::Tensor out;
+  {
+    pybind11::gil_scoped_release no_gil;  // as torch.ops does: the call may wait (a rendezvous)
+    at::AutoDispatchBelowAutograd below;
+    out = owned_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
+                          splits_view(a.seq_splits), splits_view(a.head_splits),
+                          std::move(a.layout), a.rank);
+  }
+  return THPVariable_Wrap(std::move(out));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* borrowed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  Arguments a;
+  if (!parse(args, count, 9, &a) || (args[7] != Py_True && args[7] != Py_False))
+    Py_RETURN_NOTIMPLEMENTED;
+  const bool barrier = args[7] == Py_True;
+  const at::Tensor& x = THPVariable_Unpack(a.x);
+  at::Tensor out;
+  {
+    pybind11::gil_scoped_release no_gil;
+    at::AutoDispatchBelowAutograd below;
+    out = borrowed_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
+                             splits_view(a.seq_splits), splits_view(a.head_splits),
+                             std::move(a.layout), barrier, a.rank);
+  }
+  return THPVariable_Wrap(std::move(out));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef methods[] = {
+    {"owned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned)), METH_FASTCALL,
+     "owned(x, mode, tag, group_name, seq_splits, head_splits, layout, rank): the op "
+     "all_to_all_single_4d below autograd, or NotImplemented (call torch.ops instead)"},
+    {"borrowed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&borrowed)),
+     METH_FASTCALL,
+     "borrowed(x, mode, tag, group_name, seq_splits, head_splits, layout, barrier, rank): the "
+     "op all_to_all_single_4d_borrowed below autograd, or NotImplemented"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+PyMethodDef* fast_entry_methods() { return methods; }
+
+}  // namespace fast_ulysses::ops

@@ -1,0 +1,133 @@
+"""The CUDA module's `owned` and `borrowed` (csrc/ops/fast_entry.cpp), UlyssesGroup's eager way
+into its ops, on CPU and meta tensors: they reach the same op through the dispatcher (the same
+errors and shapes as torch.ops, dispatch modes and the profiler see the op), below autograd, and
+decline with NotImplemented whatever they were not built for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fast_ulysses._ops import cuda_load_error, cuda_module
+
+pytestmark = pytest.mark.skipif(cuda_module is None, reason=f"no CUDA part: {cuda_load_error}")
+
+OPS = {"owned": torch.ops.fast_ulysses.all_to_all_single_4d,
+       "borrowed": torch.ops.fast_ulysses.all_to_all_single_4d_borrowed}
+ENTRIES = sorted(OPS)
+
+
+def arguments(entry: str, x=None, group_name: str = "no-such-group", **change) -> list:
+    """The arguments UlyssesGroup's method passes, in order; `change` replaces some by name."""
+    named = {"x": torch.zeros(1, 4, 2, 8) if x is None else x, "mode": 0, "tag": "q",
+             "group_name": group_name, "seq_splits": None, "head_splits": None,
+             "layout": "bshd"}
+    if entry == "borrowed":
+        named["barrier"] = True
+    named["rank"] = 0
+    named.update(change)
+    return list(named.values())
+
+
+def error_of(call, args) -> tuple:
+    with pytest.raises(Exception) as info:
+        call(*args)
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_raises_what_torch_ops_raises(entry):
+    """No UlyssesGroup for the name: the op's own ValueError, word for word."""
+    args = arguments(entry)
+    got = error_of(getattr(cuda_module, entry), args)
+    assert got == error_of(OPS[entry], args) and got[0] is ValueError, got
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_meta_tensor_gets_the_meta_kernels_shape(entry, world1):
+    x = torch.zeros(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
+    args = arguments(entry, x, world1.group_name, mode=1)
+    got, want = getattr(cuda_module, entry)(*args), OPS[entry](*args)
+    assert got.device.type == "meta" and got.shape == want.shape == (1, 6, 4, 8)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_dispatch_mode_sees_the_op(entry):
+    """Through the dispatcher: a TorchDispatchMode gets the op's overload and its result is the
+    call's."""
+    seen = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return torch.full((3,), 7.0)
+
+    args = arguments(entry)
+    with Recording():
+        out = getattr(cuda_module, entry)(*args)
+    assert seen == [OPS[entry].default] and torch.equal(out, torch.full((3,), 7.0))
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_the_profiler_records_the_op(entry):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with pytest.raises(ValueError, match="no UlyssesGroup"):
+            getattr(cuda_module, entry)(*arguments(entry))
+    names = {event.name for event in prof.events()}
+    assert OPS[entry].default.name() in names, sorted(names)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_calls_below_autograd(entry):
+    """The method applies the autograd rules first; the entry itself runs below autograd: an
+    input that requires grad records no backward (through torch.ops the owned op would, and the
+    borrowed op would refuse it)."""
+    class Result(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return torch.zeros(2)
+
+    args = arguments(entry, torch.zeros(1, 4, 2, 8, requires_grad=True))
+    with Result():
+        out = getattr(cuda_module, entry)(*args)
+    assert out.grad_fn is None and not out.requires_grad
+
+
+class Subclass(torch.Tensor):
+    pass
+
+
+DECLINED = {
+    "a tensor subclass": dict(x=torch.zeros(1, 4, 2, 8).as_subclass(Subclass)),
+    "a bool mode": dict(mode=True),
+    "a bytes tag": dict(tag=b"q"),
+    "a tuple of splits": dict(seq_splits=(2, 2)),
+    "a float split": dict(head_splits=[2.0]),
+    "a rank past int64": dict(rank=2 ** 70),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("what", sorted(DECLINED))
+def test_declines_what_it_was_not_built_for(entry, what):
+    assert getattr(cuda_module, entry)(*arguments(entry, **DECLINED[what])) is NotImplemented
+
+
+def test_borrowed_declines_a_barrier_that_is_not_a_bool():
+    assert cuda_module.borrowed(*arguments("borrowed", barrier=1)) is NotImplemented
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_declines_another_number_of_arguments(entry):
+    assert getattr(cuda_module, entry)(*arguments(entry)[:-1]) is NotImplemented
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_declines_under_a_torch_function_mode(entry):
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        assert getattr(cuda_module, entry)(*arguments(entry)) is NotImplemented
