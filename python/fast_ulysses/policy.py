@@ -85,11 +85,11 @@ def settings_message(t: Topology) -> str:
     and which ranks), or for FAST_ULYSSES_DEBUG on some ranks only (with it, each call starts
     with a collective that ranks without it never join: they would wait for each other); ""
     when every rank's settings parse and agree."""
-    return debug_message([info.debug for info in t.ranks],
+    return agreement_message([info.debug for info in t.ranks],
                          [info.settings_error for info in t.ranks])
 
 
-def debug_message(debug: Sequence[bool], errors: Sequence[str]) -> str:
+def agreement_message(debug: Sequence[bool], errors: Sequence[str]) -> str:
     """The error for settings refused on some ranks (`errors[r]`: rank r's parser message, ""
     if none; the first rank's message, and which ranks), or for FAST_ULYSSES_DEBUG=1 on some
     ranks only (`debug[r]`: rank r has it); "" when every rank's settings parse and agree. Both

@@ -28,7 +28,7 @@ from .api import as_mode, as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled
 from .plan import Plan
-from .policy import debug_message
+from .policy import agreement_message
 from .validation import plan_call, window_bytes_by_tag
 
 
@@ -36,7 +36,7 @@ def _agreed_debug(process_group, world_size: int) -> bool:
     """This rank's FAST_ULYSSES_DEBUG, once every rank has shown it parses and agrees:
     collective at P > 1. With it set on some ranks only, their calls would wait in a check the
     others never join; a value refused on one rank would leave the others waiting here. Either
-    way every rank raises the same ValueError (`policy.debug_message`)."""
+    way every rank raises the same ValueError (`policy.agreement_message`)."""
     try:
         debug, error = debug_enabled(), ""
     except ValueError as refused:
@@ -45,7 +45,7 @@ def _agreed_debug(process_group, world_size: int) -> bool:
     if world_size > 1:
         everyone = [None] * world_size
         dist.all_gather_object(everyone, (debug, error), group=process_group)
-    refused = debug_message([d for d, _ in everyone], [e for _, e in everyone])
+    refused = agreement_message([d for d, _ in everyone], [e for _, e in everyone])
     if refused:
         raise ValueError(refused)
     return debug
@@ -74,7 +74,7 @@ class TorchUlyssesGroup:
     With FAST_ULYSSES_DEBUG=1 set when the group is built, every call is first checked against
     every rank's (`fast_ulysses.debug.check_agreement`), as on `UlyssesGroup`. Building the
     group is collective at P > 1: the ranks compare that setting, and where only some have it
-    every rank raises ValueError (`fast_ulysses.policy.debug_message`).
+    every rank raises ValueError (`fast_ulysses.policy.agreement_message`).
     """
 
     fallback = True
