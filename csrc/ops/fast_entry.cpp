@@ -107,20 +107,29 @@ bool parse(PyObject* const* args, Py_ssize_t count, Py_ssize_t expected, Argumen
          as_int(args[expected - 1], &a->rank);
 }
 
+// Calls `op(x)` (the typed op call, x the unpacked tensor) without the GIL, as torch.ops does
+// (the call may wait: a rendezvous), below autograd, and returns its result to Python.
+template <typename Op>
+PyObject* call_below_autograd(const Arguments& a, Op&& op) {
+  const at::Tensor& x = THPVariable_Unpack(a.x);
+  at::Tensor out;
+  {
+    pybind11::gil_scoped_release no_gil;
+    at::AutoDispatchBelowAutograd below;
+    out = op(x);
+  }
+  return THPVariable_Wrap(std::move(out));
+}
+
 PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   Arguments a;
   if (!parse(args, count, 8, &a)) Py_RETURN_NOTIMPLEMENTED;
-  const at::Tensor& x = THPVariable_Unpack(a.x);
-  at::Tensor out;
-  {
-    pybind11::gil_scoped_release no_gil;  // as torch.ops does: the call may wait (a rendezvous)
-    at::AutoDispatchBelowAutograd below;
-    out = owned_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
-                          splits_view(a.seq_splits), splits_view(a.head_splits),
-                          std::move(a.layout), a.rank);
-  }
-  return THPVariable_Wrap(std::move(out));
+  return call_below_autograd(a, [&a](const at::Tensor& x) {
+    return owned_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
+                           splits_view(a.seq_splits), splits_view(a.head_splits),
+                           std::move(a.layout), a.rank);
+  });
   END_HANDLE_TH_ERRORS
 }
 
@@ -130,16 +139,11 @@ PyObject* borrowed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count
   if (!parse(args, count, 9, &a) || (args[7] != Py_True && args[7] != Py_False))
     Py_RETURN_NOTIMPLEMENTED;
   const bool barrier = args[7] == Py_True;
-  const at::Tensor& x = THPVariable_Unpack(a.x);
-  at::Tensor out;
-  {
-    pybind11::gil_scoped_release no_gil;
-    at::AutoDispatchBelowAutograd below;
-    out = borrowed_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
-                             splits_view(a.seq_splits), splits_view(a.head_splits),
-                             std::move(a.layout), barrier, a.rank);
-  }
-  return THPVariable_Wrap(std::move(out));
+  return call_below_autograd(a, [&a, barrier](const at::Tensor& x) {
+    return borrowed_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
+                              splits_view(a.seq_splits), splits_view(a.head_splits),
+                              std::move(a.layout), barrier, a.rank);
+  });
   END_HANDLE_TH_ERRORS
 }
 
