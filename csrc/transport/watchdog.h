@@ -34,6 +34,9 @@ class Watchdog {
            WatchdogSettings settings);
   ~Watchdog();
 
+  // Whether watch() keeps anything: callers skip recording an event for a disabled watchdog.
+  bool enabled() const { return timeout_s_ > 0; }
+
   // `tag` is null for a barrier; `call` counts the calls of the tag (or barriers), from 1.
   void watch(std::shared_ptr<cudaEvent_t> event, CallKind kind,
              std::shared_ptr<const std::string> tag, int slot, uint64_t call);
