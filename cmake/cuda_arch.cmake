@@ -28,7 +28,10 @@ if(_fast_ulysses_cu_files)
   foreach(_arch IN LISTS FAST_ULYSSES_CUDA_ARCHS)
     list(APPEND CMAKE_CUDA_ARCHITECTURES "${_arch}-real")
   endforeach()
-  list(GET FAST_ULYSSES_CUDA_ARCHS -1 _newest)
+  # PTX of the newest listed, whatever order the list was given in ("90,80" too).
+  set(_sorted ${FAST_ULYSSES_CUDA_ARCHS})
+  list(SORT _sorted COMPARE NATURAL)
+  list(GET _sorted -1 _newest)
   list(APPEND CMAKE_CUDA_ARCHITECTURES "${_newest}-virtual")
   set(CMAKE_CUDA_RUNTIME_LIBRARY None)  # the shared runtime is linked explicitly
   set(CMAKE_CUDA_STANDARD 17)

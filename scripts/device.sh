@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one GPU script: build, then the phases named in PHASES (default: all of them, in order).
+# The one GPU script: build, then the phases named in PHASES (default: before tests quick doctor
+# bench fused; the others on request), in the order below.
 # Logs and JSON go to $OUT. Run it on a machine with a GPU and no internet from the repo root:
 #   PHASES="tests graph" bash scripts/device.sh
 # Phases:

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
     if (threadIdx.x == 0 && ahead < tokens) fill(stage, ahead);
   }
 #else
-  __trap();  // never launched below compute capability 9.0 (launch_norm_rope_bulk)
+  __trap();  // never launched from code compiled below compute_90 (launch: ptx_version)
 #endif
 }
 
@@ -174,7 +174,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
 struct Occupancy {
   int blocks_per_sm = 0;
   int multiprocessors = 0;
-  int major = 0;
+  // The virtual architecture the loaded kernel was compiled for (90 for compute_90), not the
+  // device's: a build without sm_90 code runs on an H100 from older PTX, whose body is the
+  // __trap() above, so the choice follows the binary.
+  int ptx_version = 0;
 };
 Occupancy occupancy(const void* kernel, int threads, size_t shared, cudaError_t* error) {
   static std::mutex mutex;
@@ -186,12 +189,13 @@ Occupancy occupancy(const void* kernel, int threads, size_t shared, cudaError_t*
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   Occupancy o;
-  if ((*error = cudaDeviceGetAttribute(&o.major, cudaDevAttrComputeCapabilityMajor, device)) !=
-          cudaSuccess ||
+  cudaFuncAttributes attributes{};
+  if ((*error = cudaFuncGetAttributes(&attributes, kernel)) != cudaSuccess ||
       (*error = cudaDeviceGetAttribute(&o.multiprocessors, cudaDevAttrMultiProcessorCount,
                                        device)) != cudaSuccess)
     return {};
-  if (o.major >= 9 &&
+  o.ptx_version = attributes.ptxVersion;
+  if (o.ptx_version >= 90 &&
       (*error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks_per_sm, kernel, threads,
                                                               shared)) != cudaSuccess)
     return {};
@@ -208,7 +212,7 @@ bool launch(const NormRopeArgs& a, int threads, cudaStream_t stream, cudaError_t
   const auto kernel = norm_rope_bulk_kernel<T, kUnits, kMaxThreads, kMinBlocks>;
   const Occupancy o = occupancy(reinterpret_cast<const void*>(kernel), threads, shared, error);
   if (*error != cudaSuccess) return true;  // the error is the answer
-  if (o.major < 9 || o.blocks_per_sm < 1) return false;
+  if (o.ptx_version < 90 || o.blocks_per_sm < 1) return false;
   const int64_t tokens = a.batch * a.s_local;
   const int64_t grid = std::min<int64_t>(tokens, int64_t{o.blocks_per_sm} * o.multiprocessors);
   kernel<<<static_cast<unsigned>(grid), threads, shared, stream>>>(a);

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "kernels/norm_rope_launch.h"
@@ -90,9 +91,12 @@ const Plan& UlyssesGroup::plan(const std::vector<int64_t>& key,
   return plans_.emplace(key, build()).first->second;
 }
 
-UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
+UlyssesGroup::TagState* UlyssesGroup::find_tag(const std::string& tag) {
   auto found = tags_.find(tag);
-  if (found != tags_.end()) return found->second;
+  return found == tags_.end() ? nullptr : &found->second;
+}
+
+UlyssesGroup::TagState UlyssesGroup::new_tag(const std::string& tag) const {
   translate_plan_errors([&] {
     check_tag_use(tag, static_cast<int64_t>(tags_.size()), false, false);
     return 0;
@@ -100,7 +104,21 @@ UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
   TagState state;
   state.slot = static_cast<int>(tags_.size());  // first use order: the same on every rank
   state.name = std::make_shared<const std::string>(tag);
-  return tags_.emplace(tag, state).first->second;
+  return state;
+}
+
+UlyssesGroup::TagState& UlyssesGroup::tag_state(const std::string& tag) {
+  if (TagState* found = find_tag(tag)) return *found;
+  return tags_.emplace(tag, new_tag(tag)).first->second;
+}
+
+// A deferred tag refuses its next use until barrier(): a call, or reserve() (one rule, as on
+// TorchUlyssesGroup).
+void UlyssesGroup::check_not_deferred(const std::string& tag) const {
+  translate_plan_errors([&] {
+    check_tag_use(tag, static_cast<int64_t>(tags_.size()), true, true);
+    return 0;
+  });
 }
 
 const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool capturing) {
@@ -205,15 +223,15 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
-  TagState& tag = tag_state(tag_name);
-  if (tag.deferred)
-    translate_plan_errors([&] {
-      check_tag_use(tag_name, static_cast<int64_t>(tags_.size()), true, true);
-      return 0;
-    });
+  TagState* known = find_tag(tag_name);
+  if (known && known->deferred) check_not_deferred(tag_name);
   // Everything that can raise (plan, window, sealed pool, capture) runs before anything is
-  // issued, and so does the result's allocation (ordered before the fork into M).
-  const Window& window = window_for(tag, plan.window_bytes, in_capture);
+  // issued, and so does the result's allocation (ordered before the fork into M). A new tag is
+  // kept only once its window is secured: a refused call uses no slot.
+  std::optional<TagState> fresh;
+  if (!known) fresh = new_tag(tag_name);
+  const Window& window = window_for(known ? *known : *fresh, plan.window_bytes, in_capture);
+  TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
   const bool owned = result == Result::kOwned;
   const bool deferred = !owned && !barrier;
   at::Tensor out = owned ? at::empty(shape_of(plan.output_shape), x.options())
@@ -356,6 +374,10 @@ void UlyssesGroup::reserve(const std::vector<std::string>& tags,
                            const std::vector<int64_t>& window_bytes) {
   TORCH_CHECK_VALUE(tags.size() == window_bytes.size(), "reserve: ", tags.size(), " tags but ",
                     window_bytes.size(), " sizes");
+  for (const std::string& tag : tags) {
+    const TagState* known = find_tag(tag);
+    if (known && known->deferred) check_not_deferred(tag);
+  }
   std::vector<std::pair<int, int64_t>> slots;
   for (size_t i = 0; i < tags.size(); ++i)
     slots.emplace_back(tag_state(tags[i]).slot, window_bytes[i]);

@@ -97,7 +97,13 @@ class UlyssesGroup {
     bool ever_owned = false;
     std::shared_ptr<const std::string> name;
   };
+  // A tag's state: `find_tag` is null for a tag never used; `new_tag` checks the tag limit and
+  // builds the state of the next slot without keeping it (a call keeps it once its window is
+  // secured, so a refused call uses no slot); `tag_state` finds or keeps.
+  TagState* find_tag(const std::string& tag);
+  TagState new_tag(const std::string& tag) const;
   TagState& tag_state(const std::string& tag);
+  void check_not_deferred(const std::string& tag) const;
   const Window& window_for(const TagState& tag, int64_t bytes, bool capturing);
   // What the handshake of one call depends on besides its plan and window.
   struct Call {

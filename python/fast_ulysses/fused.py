@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ._ops import ops
-from .api import as_splits, check_tag
+from .api import UlyssesGroupLike, as_splits, check_tag
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
 NORMS, ROPE_STYLES = (tuple(names) for names in ops.norm_rope_choices())
@@ -92,6 +92,9 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
         ValueError naming the argument and the rule (the C++ check_norm_rope, then the plan's);
         ValueError for an x that requires grad: the fused path has no backward.
     """
+    if not isinstance(group, UlyssesGroupLike):
+        raise ValueError(f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
+                         f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)")
     check_tag(tag)
     if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
         raise ValueError("x requires grad, but qk_norm_rope_all_to_all has no backward: for "

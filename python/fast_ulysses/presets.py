@@ -39,6 +39,8 @@ def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
     if name not in PRESETS:
         raise ValueError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
     p = PRESETS[name]
+    from ._ops import ops  # the plan's range first: even_splits builds a list of world_size
+    ops.check_group(world_size, rank)
     seq = even_splits(p.seq_len, world_size)
     heads = even_splits(p.heads, world_size)
     from .plan import input_shape  # world_size or rank out of range: the plan states the rule

@@ -95,6 +95,38 @@ def check_reserve_and_recreate(pg, rank, world_size, device, log) -> str:
     return "reserve() seals; undeclared and oversized calls raise; destroy + new group"
 
 
+def check_tag_rules(pg, rank, world_size, device) -> str:
+    """On a new group: reserve() refuses a tag deferred by barrier=False until barrier(), as a
+    call does; a call the sealed pool refuses uses no tag slot (stats()["tags"] unchanged)."""
+    group = fu.UlyssesGroup(pg, 0)
+    case = a2a_checks.cases(world_size)[0]
+    splits = dict(seq_splits=list(case.seq_splits), head_splits=list(case.head_splits),
+                  layout=case.layout)
+    x = a2a_checks.inputs_for(case, world_size, seed=91)[rank].to(device)
+    spec = fu.CallSpec(shape=case.input_shape(rank), dtype=case.dtype, mode=0, tag="held",
+                       **splits)
+    group.all_to_all_single_4d_borrowed(x, 0, "held", barrier=False, **splits)
+    try:
+        group.reserve([spec])
+    except ValueError as error:
+        assert "barrier()" in str(error), f"reserve() of a deferred tag: {error}"
+    else:
+        raise AssertionError("reserve() accepted a tag deferred by barrier=False")
+    group.barrier()
+    group.reserve([spec])
+    tags = group.stats()["tags"]
+    try:
+        group.all_to_all_single_4d(x, 0, "undeclared", **splits)
+    except ValueError as error:
+        assert "reserve()" in str(error), error
+    else:
+        raise AssertionError("a call with an undeclared tag after reserve() did not raise")
+    after = group.stats()["tags"]
+    assert after == tags, f"a call the sealed pool refused used a tag slot: tags {tags} -> {after}"
+    group.destroy()
+    return "reserve() refuses a deferred tag; a refused call uses no tag slot"
+
+
 def check_debug_mode(pg, rank, world_size, device) -> str:
     """FAST_ULYSSES_DEBUG=1: a call that differs across ranks, or that is invalid on one rank
     only, raises on every rank (naming the calls) before anything is sent."""
@@ -211,7 +243,8 @@ def check_watchdog(pg, rank, world_size, device) -> str:
 
 # Every check, in run order (tests/gpu runs one pytest test per check and P).
 CHECKS = ("matrix", "async_consumer", "borrowed_lifetime", "deferred_barrier", "bad_calls",
-          "back_to_back", "eager_graphs", "reserve_and_recreate", "debug_mode", "watchdog")
+          "back_to_back", "eager_graphs", "reserve_and_recreate", "tag_rules", "debug_mode",
+          "watchdog")
 
 
 def check_names(world_size: int) -> list[str]:
@@ -244,6 +277,7 @@ def main() -> int:
         "eager_graphs": checker.check_eager_graphs,
         "reserve_and_recreate": lambda: check_reserve_and_recreate(pg, rank, world_size, device,
                                                                    print),
+        "tag_rules": lambda: check_tag_rules(pg, rank, world_size, device),
         "debug_mode": lambda: check_debug_mode(pg, rank, world_size, device),
         "watchdog": lambda: check_watchdog(pg, rank, world_size, device),
     }

@@ -30,6 +30,14 @@ def test_presets_and_splits():
     assert preset_call("wan-720p", 8, 0)["head_splits"] is None
 
 
+def test_a_preset_checks_the_world_size_before_splitting():
+    """The plan's range comes first: a huge world size is the plan's ValueError at once, not a
+    list of a billion splits."""
+    for world_size in (0, 1_000_000_000):
+        with pytest.raises(ValueError, match="world_size"):
+            preset_call("wan-720p", world_size, 0)
+
+
 def _args(**kw):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

@@ -103,6 +103,15 @@ def test_fallback_refuses_an_input_that_requires_grad(world1):
                                    cos=c, sin=s)
 
 
+def test_a_process_group_is_refused_naming_the_group_types(world1):
+    """A ProcessGroup (or anything not a fast-ulysses group) is a ValueError before any math,
+    not an AttributeError after the norm and RoPE."""
+    x, w, c, s = inputs("bshd", "all_heads")
+    for group in (world1, None):
+        with pytest.raises(ValueError, match="must be a UlyssesGroup or a TorchUlyssesGroup"):
+            fu.qk_norm_rope_all_to_all(group, x, "q", norm_weight=w, eps=1e-6, cos=c, sin=s)
+
+
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
     return launch(WORKER, 3, tmp_path_factory.mktemp("fused"), timeout=240,
