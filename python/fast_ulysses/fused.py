@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ._ops import ops
-from .api import UlyssesGroupLike, as_splits, check_tag
+from .api import as_splits, check_tag
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
 NORMS, ROPE_STYLES = (tuple(names) for names in ops.norm_rope_choices())
@@ -92,7 +92,8 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
         ValueError naming the argument and the rule (the C++ check_norm_rope, then the plan's);
         ValueError for an x that requires grad: the fused path has no backward.
     """
-    if not isinstance(group, UlyssesGroupLike):
+    fallback = getattr(group, "fallback", None)  # both groups have it; a cheap per-call test
+    if fallback is None:
         raise ValueError(f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
                          f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)")
     check_tag(tag)
@@ -101,7 +102,7 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
                          "training, apply the norm and RoPE with torch, then "
                          "group.all_to_all_single_4d (autograd-aware)")
     kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
-    if getattr(group, "fallback", True):
+    if fallback:
         y = norm_rope_reference(x, norm_weight, eps, cos, sin, norm=norm,
                                 rope_style=rope_style, layout=layout)
         if borrowed:
