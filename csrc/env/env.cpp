@@ -18,6 +18,8 @@ const char* value_of(const char* name) {
 const std::vector<Switch>& switches() {
   static const std::vector<Switch> all = {
       {"FAST_ULYSSES_DEBUG", false, "0 (off) or 1 (check every call's agreement across ranks)"},
+      {"FAST_ULYSSES_CHECK_CALLS", true,
+       "1 (the fallback compares every call across ranks before its data moves) or 0 (off)"},
       {"FAST_ULYSSES_ALLOW_SHARED_GPU", false,
        "0 (off) or 1 (accept ranks sharing one GPU: a test set-up)"},
       {"FAST_ULYSSES_EAGER_GRAPHS", true,

@@ -11,6 +11,7 @@ import operator
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
+from .errors import FastUlyssesError
 
 
 class Mode(enum.IntEnum):
@@ -28,7 +29,7 @@ def as_mode(mode) -> int:
     """
     if isinstance(mode, int) and not isinstance(mode, bool):
         return int(mode)
-    raise ValueError(f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 "
+    raise FastUlyssesError(f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 "
                      "(Mode.HEAD_TO_SEQ)")
 
 
@@ -50,7 +51,7 @@ def as_splits(values, name: str = "splits") -> list[int] | None:
                 raise TypeError
             out = list(values)
         except TypeError:
-            raise ValueError(f"{name} is {values!r}: it must be a sequence of ints, one per "
+            raise FastUlyssesError(f"{name} is {values!r}: it must be a sequence of ints, one per "
                              "rank") from None
     for i, v in enumerate(out):
         if type(v) is not int:  # (the common case costs one type check per entry)
@@ -66,7 +67,7 @@ def _as_int(value, name: str, rule: str) -> int:
             raise TypeError
         return operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} is {value!r}: {rule}") from None
+        raise FastUlyssesError(f"{name} is {value!r}: {rule}") from None
 
 
 def as_pool_bytes(value) -> int:
@@ -78,7 +79,7 @@ def as_pool_bytes(value) -> int:
     rule = "it must be an int >= 0"
     size = _as_int(value, "initial_pool_bytes", rule)
     if size < 0:
-        raise ValueError(f"initial_pool_bytes is {value!r}: {rule}")
+        raise FastUlyssesError(f"initial_pool_bytes is {value!r}: {rule}")
     return size
 
 
@@ -89,7 +90,7 @@ def check_tag(tag) -> str:
         ValueError naming the tag.
     """
     if not isinstance(tag, str) or not tag:
-        raise ValueError(f"tag is {tag!r}: a tag must be a non-empty str")
+        raise FastUlyssesError(f"tag is {tag!r}: a tag must be a non-empty str")
     return tag
 
 

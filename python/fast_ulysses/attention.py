@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .api import UlyssesGroupLike
+from .errors import FastUlyssesError
 
 # One group per ProcessGroup, built by make_group on first use (a collective: every rank of
 # the process group reaches its first use at the same call, by the ordering contract).
@@ -38,7 +39,7 @@ def group_for(group=None) -> UlyssesGroupLike:
                                "dist.init_process_group first")
         group = dist.group.WORLD
     if not isinstance(group, dist.ProcessGroup):
-        raise ValueError(f"group is a {type(group).__name__}: it must be a fast-ulysses group "
+        raise FastUlyssesError(f"group is a {type(group).__name__}: it must be a fast-ulysses group "
                          "(make_group), a torch.distributed ProcessGroup or None")
     found = _GROUPS.get(group)
     if found is None or getattr(found, "_destroyed", False):
@@ -79,7 +80,7 @@ class UlyssesAttention(torch.nn.Module):
         self.group = group
         self.attn_fn = attn_fn if attn_fn is not None else F.scaled_dot_product_attention
         if len(tags) != 4:
-            raise ValueError(f"tags is {tags!r}: it must name 4 tags (q, k, v, output)")
+            raise FastUlyssesError(f"tags is {tags!r}: it must name 4 tags (q, k, v, output)")
         self.tags = tuple(tags)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -88,7 +89,7 @@ class UlyssesAttention(torch.nn.Module):
         for name, t in (("k", k), ("v", v)):
             if isinstance(t, torch.Tensor) and isinstance(q, torch.Tensor) and \
                     t.shape != q.shape:
-                raise ValueError(f"{name} has shape {tuple(t.shape)} but q has "
+                raise FastUlyssesError(f"{name} has shape {tuple(t.shape)} but q has "
                                  f"{tuple(q.shape)}: q, k and v must have one shape")
         kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
         qkv = [t.contiguous() for t in (q, k, v)]

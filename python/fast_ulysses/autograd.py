@@ -30,6 +30,7 @@ import torch
 
 from .api import as_mode
 from .debug import debugged
+from .errors import FastUlyssesError
 
 BACKWARD_SUFFIX = ":grad"
 AUTO_PREFIX = "fu.auto"
@@ -93,7 +94,7 @@ def check_borrowed_tag(tag) -> None:
     """Borrowed calls need an explicit tag (`auto_tag` shares a window between same-shaped
     calls, which would overwrite each other's borrowed results)."""
     if tag is None:
-        raise ValueError("tag is None: a borrowed call needs an explicit tag (its result lives "
+        raise FastUlyssesError("tag is None: a borrowed call needs an explicit tag (its result lives "
                          "until the next call on the tag); tag=None is for "
                          "all_to_all_single_4d")
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from .api import as_mode, check_tag
 from .env import DEBUG_ENV, switch
 from .validation import plan_call
+from .errors import FastUlyssesError
 
 
 def debug_enabled() -> bool:
@@ -82,11 +83,11 @@ def check_agreement(process_group, rank: int, world_size: int, index: int, name:
     dist.all_gather_object(gathered, (key, call, error), group=process_group)
     for peer, (_, peer_call, peer_error) in enumerate(gathered):
         if peer_error:
-            raise ValueError(f"call #{index}: rank {peer} called {peer_call}, which is "
+            raise FastUlyssesError(f"call #{index}: rank {peer} called {peer_call}, which is "
                              f"invalid: {peer_error}")
     for peer, (peer_key, peer_call, _) in enumerate(gathered):
         if peer_key != key:
-            raise ValueError(f"call #{index} differs across ranks: rank {rank} called {call} "
+            raise FastUlyssesError(f"call #{index} differs across ranks: rank {rank} called {call} "
                              f"but rank {peer} called {peer_call}")
 
 

@@ -26,6 +26,7 @@ import torch
 
 from ._ops import ops
 from .api import as_splits, check_tag
+from .errors import FastUlyssesError
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
 NORMS, ROPE_STYLES = (tuple(names) for names in ops.norm_rope_choices())
@@ -94,11 +95,11 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
     """
     fallback = getattr(group, "fallback", None)  # both groups have it; a cheap per-call test
     if fallback is None:
-        raise ValueError(f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
+        raise FastUlyssesError(f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
                          f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)")
     check_tag(tag)
     if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
-        raise ValueError("x requires grad, but qk_norm_rope_all_to_all has no backward: for "
+        raise FastUlyssesError("x requires grad, but qk_norm_rope_all_to_all has no backward: for "
                          "training, apply the norm and RoPE with torch, then "
                          "group.all_to_all_single_4d (autograd-aware)")
     kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
@@ -130,7 +131,7 @@ def qk_norm_rope_all_to_all_qk(group, q: torch.Tensor, k: torch.Tensor,
     borrowed calls with barrier=False, then one `group.barrier()`. Returns the two borrowed
     results (valid until the next call with their tags); `norm_weights` is (q's, k's)."""
     if len(tags) != 2 or tags[0] == tags[1]:
-        raise ValueError(f"tags is {tags!r}: it must be two different tags (q's, k's)")
+        raise FastUlyssesError(f"tags is {tags!r}: it must be two different tags (q's, k's)")
     out = tuple(
         qk_norm_rope_all_to_all(group, t, tag, norm_weight=w, eps=eps, cos=cos, sin=sin,
                                 norm=norm, rope_style=rope_style, seq_splits=seq_splits,

@@ -18,6 +18,7 @@ from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
 from .policy import Decision, decide
 from .topology import shared_gpu_pair
+from .errors import FastUlyssesError
 
 _warned_shared_gpu = False
 
@@ -71,7 +72,7 @@ class UlyssesGroup:
             device = torch.cuda.current_device()
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         if device.type != "cuda":
-            raise ValueError(f"device={device}: UlyssesGroup needs a CUDA device")
+            raise FastUlyssesError(f"device={device}: UlyssesGroup needs a CUDA device")
         self.device = torch.device("cuda", device.index if device.index is not None
                                    else torch.cuda.current_device())
         self._calls = 0
@@ -226,7 +227,7 @@ class UlyssesGroup:
         # The op checks the rest itself (device, shape, dtype), in C++; the debug path asks the
         # group's C++ device rule first, so that every rank learns of it before anything is sent.
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
+            raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
         if device:
             ops.check_device(self.group_name, x)
 
@@ -237,7 +238,7 @@ def _check_decision(group: dist.ProcessGroup, device: torch.device,
     so every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
     the collective rendezvous)."""
     if (decision is None) != (topology is None):
-        raise ValueError("UlyssesGroup takes decision and topology together (make_group passes "
+        raise FastUlyssesError("UlyssesGroup takes decision and topology together (make_group passes "
                          "both) or neither")
     if decision is None:
         from .hardware import gather_topology
@@ -246,7 +247,7 @@ def _check_decision(group: dist.ProcessGroup, device: torch.device,
             topology = gather_topology(group)
         decision = decide(topology, "fast")  # raises where the fast path cannot run
     if not decision.use_fast:
-        raise ValueError(f"UlyssesGroup was handed a decision for the fallback "
+        raise FastUlyssesError(f"UlyssesGroup was handed a decision for the fallback "
                          f"({decision.reason!r}): build TorchUlyssesGroup, or call make_group")
     if shared_gpu_pair(topology) is not None:
         _allow_shared_gpu()

@@ -13,6 +13,7 @@ import torch
 
 from ._ops import ops
 from .api import as_mode, as_splits
+from .errors import FastUlyssesError
 
 # Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.
 LAYOUTS = tuple(ops.layouts())
@@ -63,7 +64,7 @@ def resolve_dtype(dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype in DTYPE_NAMES:
         return DTYPE_NAMES[dtype]
-    raise ValueError(f"dtype is {dtype!r}: it must be a torch.dtype or one of "
+    raise FastUlyssesError(f"dtype is {dtype!r}: it must be a torch.dtype or one of "
                      f"{', '.join(sorted(DTYPE_NAMES))}")
 
 
@@ -175,11 +176,11 @@ def simulate(inputs: Sequence[torch.Tensor], mode: int, *,
     """
     world_size = len(inputs)
     if world_size == 0:
-        raise ValueError("inputs is empty: pass one tensor per rank")
+        raise FastUlyssesError("inputs is empty: pass one tensor per rank")
     dtype = inputs[0].dtype
     for r, x in enumerate(inputs):
         if x.dtype != dtype:
-            raise ValueError(f"inputs[{r}] has dtype {x.dtype} but inputs[0] has {dtype}: "
+            raise FastUlyssesError(f"inputs[{r}] has dtype {x.dtype} but inputs[0] has {dtype}: "
                              "every rank must pass the same dtype")
     host = [x.detach().to("cpu").contiguous() for x in inputs]
     plans = [plan(world_size, r, mode, x.shape, dtype, seq_splits=seq_splits,
@@ -188,7 +189,7 @@ def simulate(inputs: Sequence[torch.Tensor], mode: int, *,
     # ranks disagree about the call, which the plan cannot see from one rank.
     sizes = {p.window_bytes for p in plans}
     if len(sizes) != 1:
-        raise ValueError(f"ranks disagree on the window size ({sorted(sizes)} bytes): their "
+        raise FastUlyssesError(f"ranks disagree on the window size ({sorted(sizes)} bytes): their "
                          "shapes and splits do not describe one all-to-all")
     windows = [torch.empty(plans[0].window_bytes, dtype=torch.uint8) for _ in range(world_size)]
     for r, p in enumerate(plans):

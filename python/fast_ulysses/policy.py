@@ -16,6 +16,7 @@ from typing import NamedTuple, Sequence
 from .env import DEBUG_ENV, SHARED_GPU_ENV
 from .plan import limits
 from .topology import PairInfo, RankInfo, Topology, shared_gpu_pair
+from .errors import FastUlyssesError
 
 MAX_RANKS = limits()["max_world_size"]  # csrc/plan/plan.h's kMaxWorldSize, the one definition
 PREFERENCES = ("auto", "fast", "torch")
@@ -36,7 +37,7 @@ class Decision(NamedTuple):
 def check_prefer(prefer: str) -> None:
     """Raises ValueError unless `prefer` is one of PREFERENCES."""
     if prefer not in PREFERENCES:
-        raise ValueError(f"prefer is {prefer!r}: it must be one of 'auto', 'fast', 'torch'")
+        raise FastUlyssesError(f"prefer is {prefer!r}: it must be one of 'auto', 'fast', 'torch'")
 
 
 def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
@@ -62,14 +63,14 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
     if prefer == "torch":
         return Decision(False, "prefer='torch'")
     if topology is None or topology.world_size == 0:
-        raise ValueError("the topology has no ranks")
+        raise FastUlyssesError("the topology has no ranks")
     refused = settings_message(topology)
     if refused:  # a typo is never a reason to fall back: every rank raises it
-        raise ValueError(refused)
+        raise FastUlyssesError(refused)
     blocker = cannot_run_reason(topology)
     if blocker:
         if prefer == "fast":
-            raise ValueError(cannot_run_message(blocker))
+            raise FastUlyssesError(cannot_run_message(blocker))
         return Decision(False, blocker)
     loser = loses_reason(topology)
     if prefer == "fast":

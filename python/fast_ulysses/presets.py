@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from .errors import FastUlyssesError
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
     where they are uneven, so even presets exercise the default path. An unknown preset, or a
     world_size or rank the plan rejects, raises ValueError (for those two, the plan's own)."""
     if name not in PRESETS:
-        raise ValueError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
+        raise FastUlyssesError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
     p = PRESETS[name]
     from ._ops import ops  # the plan's range first: even_splits builds a list of world_size
     ops.check_group(world_size, rank)

@@ -30,6 +30,7 @@ from .debug import check_agreement, debug_enabled
 from .plan import Plan
 from .policy import agreement_message
 from .validation import plan_call, window_bytes_by_tag
+from .errors import FastUlyssesError
 
 
 def _agreed_debug(process_group, world_size: int) -> bool:
@@ -47,7 +48,7 @@ def _agreed_debug(process_group, world_size: int) -> bool:
         dist.all_gather_object(everyone, (debug, error), group=process_group)
     refused = agreement_message([d for d, _ in everyone], [e for _, e in everyone])
     if refused:
-        raise ValueError(refused)
+        raise FastUlyssesError(refused)
     return debug
 
 
@@ -96,7 +97,7 @@ class TorchUlyssesGroup:
         ops.check_group(self.world_size, self.rank)
         self.initial_pool_bytes = initial_pool_bytes
         if decision is not None and decision.use_fast:
-            raise ValueError(f"TorchUlyssesGroup was handed a decision for the fast group "
+            raise FastUlyssesError(f"TorchUlyssesGroup was handed a decision for the fast group "
                              f"({decision.reason!r}): build UlyssesGroup, or call make_group")
         self.fallback_reason = "requested" if decision is None else decision.reason
         self._destroyed = False

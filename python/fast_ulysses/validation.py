@@ -17,6 +17,7 @@ import torch
 from ._ops import ops
 from .api import check_tag
 from .plan import Plan, plan, resolve_dtype
+from .errors import FastUlyssesError
 
 
 def check_input(x: torch.Tensor) -> int:
@@ -33,7 +34,7 @@ def check_input(x: torch.Tensor) -> int:
         non-complex dtype (the device rule is each group's own).
     """
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
+        raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
     return ops.check_input(x)
 
 
@@ -97,18 +98,18 @@ def window_bytes_by_tag(calls: Iterable[CallSpec], world_size: int, rank: int) -
     sizes: dict[str, int] = {}
     for index, call in enumerate(calls):
         if not isinstance(call, CallSpec):
-            raise ValueError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
+            raise FastUlyssesError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
                              "fast_ulysses.CallSpec values")
         try:
             check_tag(call.tag)
         except ValueError as error:
-            raise ValueError(f"calls[{index}]: {error}") from error
+            raise FastUlyssesError(f"calls[{index}]: {error}") from error
         try:
             dtype = resolve_dtype(call.dtype)
             p = plan(world_size, rank, call.mode, tuple(call.shape), dtype,
                      seq_splits=call.seq_splits, head_splits=call.head_splits,
                      layout=call.layout)
         except (ValueError, TypeError) as error:
-            raise ValueError(f"calls[{index}] (tag {call.tag!r}): {error}") from error
+            raise FastUlyssesError(f"calls[{index}] (tag {call.tag!r}): {error}") from error
         sizes[call.tag] = max(sizes.get(call.tag, 0), p.window_bytes)
     return sizes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import group_for
+from ..errors import FastUlyssesError
 
 
 def mode_for(scatter: int, gather: int, layout: str, names=("scatter_idx", "gather_idx"),
@@ -21,7 +22,7 @@ def mode_for(scatter: int, gather: int, layout: str, names=("scatter_idx", "gath
         return 0
     if pair == (seq, head):
         return 1
-    raise ValueError(f"{names[0]}={scatter}, {names[1]}={gather}: unsupported for a {layout} "
+    raise FastUlyssesError(f"{names[0]}={scatter}, {names[1]}={gather}: unsupported for a {layout} "
                      f"input; supported: ({head}, {seq}) (scatter heads, gather the sequence) "
                      f"and ({seq}, {head}) (the reverse)")
 
@@ -32,6 +33,6 @@ def exchange(x: torch.Tensor, scatter: int, gather: int, group, layout: str = "b
     splits (the upstream APIs divide evenly), an owned and differentiable result."""
     mode = mode_for(scatter, gather, layout, names)
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"input has shape {tuple(getattr(x, 'shape', ()))}: it must be a 4-d "
+        raise FastUlyssesError(f"input has shape {tuple(getattr(x, 'shape', ()))}: it must be a 4-d "
                          f"tensor ({layout})")
     return group_for(group).all_to_all_single_4d(x.contiguous(), mode, None, layout=layout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import group_for
+from ..errors import FastUlyssesError
 
 # batch_dim_idx -> layout: 0 = (b, s, h, d), 1 = (s, b, h, d).
 _LAYOUTS = {0: "bshd", 1: "sbhd"}
@@ -25,7 +26,7 @@ class DistributedAttention(torch.nn.Module):
                  gather_idx: int = 0, sp_stream=None):
         super().__init__()
         if (scatter_idx, gather_idx) != (2, 0):
-            raise ValueError(f"scatter_idx={scatter_idx}, gather_idx={gather_idx}: unsupported; "
+            raise FastUlyssesError(f"scatter_idx={scatter_idx}, gather_idx={gather_idx}: unsupported; "
                              "DistributedAttention supports scatter_idx=2, gather_idx=0 (scatter "
                              "heads, gather the sequence)")
         self.local_attn = local_attention
@@ -50,7 +51,7 @@ class DistributedAttention(torch.nn.Module):
             (before anything is sent).
         """
         if batch_dim_idx not in _LAYOUTS:
-            raise ValueError(f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 "
+            raise FastUlyssesError(f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 "
                              "(s, b, h, d)")
         layout = _LAYOUTS[batch_dim_idx]
         group = group_for(self.spg)
@@ -69,7 +70,7 @@ class DistributedAttention(torch.nn.Module):
 def _head_shard_shape(query, batch_dim_idx: int, P: int) -> tuple:
     """q's shape after the all-to-all: (b, S, h/P, d) or (S, b, h/P, d)."""
     if not isinstance(query, torch.Tensor) or query.dim() != 4:
-        raise ValueError(f"query has shape {tuple(getattr(query, 'shape', ()))}: it must be 4-d")
+        raise FastUlyssesError(f"query has shape {tuple(getattr(query, 'shape', ()))}: it must be 4-d")
     if batch_dim_idx == 0:
         b, s, h, d = query.shape
         return b, s * P, h // P, d
@@ -83,7 +84,7 @@ def _rotary_views(rotary_pos_emb, q_shape) -> tuple:
     the all-to-all) with an even r <= d."""
     if not (isinstance(rotary_pos_emb, (tuple, list)) and len(rotary_pos_emb) == 2
             and all(isinstance(t, torch.Tensor) for t in rotary_pos_emb)):
-        raise ValueError(f"rotary_pos_emb is a {type(rotary_pos_emb).__name__}: it must be a "
+        raise FastUlyssesError(f"rotary_pos_emb is a {type(rotary_pos_emb).__name__}: it must be a "
                          "(cos, sin) pair of tensors")
     d = q_shape[-1]
     views = []
@@ -93,7 +94,7 @@ def _rotary_views(rotary_pos_emb, q_shape) -> tuple:
         target = (*q_shape[:3], r)
         if t.dim() != 4 or r % 2 or not 0 < r <= d or any(
                 n not in (1, m) for n, m in zip(view.shape[:3], target)):
-            raise ValueError(
+            raise FastUlyssesError(
                 f"rotary_pos_emb's {name} has shape {tuple(t.shape)}: DeepSpeed applies it as "
                 f"{name}.permute(1, 0, 2, 3), which must broadcast to q's first r values after "
                 f"the all-to-all, {target} (each of the first three dimensions 1 or equal), "
@@ -101,7 +102,7 @@ def _rotary_views(rotary_pos_emb, q_shape) -> tuple:
         views.append(view)
     if views[0].shape != views[1].shape:
         shapes = " and ".join(str(tuple(t.shape)) for t in rotary_pos_emb)
-        raise ValueError(f"rotary_pos_emb's cos and sin have shapes {shapes}: they must be the "
+        raise FastUlyssesError(f"rotary_pos_emb's cos and sin have shapes {shapes}: they must be the "
                          "same")
     return views[0], views[1]
 

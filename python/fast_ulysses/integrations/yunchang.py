@@ -9,6 +9,7 @@ import sys
 import torch
 
 from ._common import exchange, mode_for
+from ..errors import FastUlyssesError
 
 # The modules imported before patching, so their bound names exist to be rebound.
 _KNOWN_MODULES = ("yunchang.comm.all_to_all", "yunchang.comm", "yunchang.ulysses.attn_layer",
@@ -44,7 +45,7 @@ class SeqAllToAll5D:
     def apply(group, input: torch.Tensor, scatter_idx: int = 3, gather_idx: int = 1,
               use_sync: bool = False) -> torch.Tensor:
         if not isinstance(input, torch.Tensor) or input.dim() != 5:
-            raise ValueError(f"input has shape {tuple(getattr(input, 'shape', ()))}: "
+            raise FastUlyssesError(f"input has shape {tuple(getattr(input, 'shape', ()))}: "
                              "SeqAllToAll5D takes a 5-d (bs, seqlen, 3, hc, hs) tensor")
         mode = mode_for(scatter_idx, gather_idx, "bsthd", ndim=5)
         bs, s, three, h, d = input.shape
