@@ -80,10 +80,11 @@ Prepared prepare(const at::Tensor& x, int64_t mode, const std::string& group_nam
 at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
                const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
                const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
-               Result result, bool barrier, std::optional<int64_t> rank) {
+               Result result, bool barrier, std::optional<int64_t> rank,
+               const at::Tensor& out = at::Tensor()) {
   auto [group, plan] = prepare(x, mode, group_name, seq_splits, head_splits, layout, rank,
                                [&] { return checked_element_size(x); });
-  return group->all_to_all(x, *plan, tag, result, barrier);
+  return group->all_to_all(x, *plan, tag, result, barrier, nullptr, out);
 }
 
 at::Tensor all_to_all_cuda(const at::Tensor& x, int64_t mode, std::string tag,
@@ -92,6 +93,15 @@ at::Tensor all_to_all_cuda(const at::Tensor& x, int64_t mode, std::string tag,
                            std::optional<int64_t> rank) {
   return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true,
              rank);
+}
+
+at::Tensor& all_to_all_out_cuda(const at::Tensor& x, int64_t mode, std::string tag,
+                                std::string group_name,
+                                std::optional<at::IntArrayRef> seq_splits,
+                                std::optional<at::IntArrayRef> head_splits, std::string layout,
+                                std::optional<int64_t> rank, at::Tensor& out) {
+  run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true, rank, out);
+  return out;
 }
 
 at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x, int64_t mode, std::string tag,
@@ -188,6 +198,7 @@ std::tuple<std::vector<std::string>, std::vector<int64_t>, int64_t> host_profile
 TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
   m.impl("qk_norm_rope_all_to_all", &qk_norm_rope_cuda);
   m.impl("all_to_all_single_4d", &all_to_all_cuda);
+  m.impl("all_to_all_single_4d_out", &all_to_all_out_cuda);
   m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
 }
 
@@ -196,6 +207,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CUDA, m) {
 TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
   m.impl("qk_norm_rope_all_to_all", &qk_norm_rope_cuda);
   m.impl("all_to_all_single_4d", &all_to_all_cuda);
+  m.impl("all_to_all_single_4d_out", &all_to_all_out_cuda);
   m.impl("all_to_all_single_4d_borrowed", &all_to_all_borrowed_cuda);
 }
 

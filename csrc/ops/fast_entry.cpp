@@ -11,6 +11,11 @@
 // then calls torch.ops as before: a tensor subclass or a torch-function mode (both are handled
 // before the dispatcher, in torch.ops' Python argument parsing), or an argument of any other
 // type than the method passes (torch.ops raises its own error for it).
+//
+// Their calls leave the caller's stream free (transport/call_work.h): a result with a transfer
+// still in flight comes back as torch's AsyncCollectiveTensor, whose first use waits for it on
+// the device. `set_defer` asks the same of the next calls made through torch.ops on this thread
+// (UlyssesGroup's autograd route).
 #include "ops/fast_entry.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -18,6 +23,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include "transport/call_work.h"
 
 #include <optional>
 #include <string>
@@ -32,6 +39,8 @@ using OwnedSignature = at::Tensor(const at::Tensor&, int64_t, std::string, std::
                                   Splits, std::string, std::optional<int64_t>);
 using BorrowedSignature = at::Tensor(const at::Tensor&, int64_t, std::string, std::string, Splits,
                                      Splits, std::string, bool, std::optional<int64_t>);
+using OutSignature = at::Tensor&(const at::Tensor&, int64_t, std::string, std::string, Splits,
+                                 Splits, std::string, std::optional<int64_t>, at::Tensor&);
 
 const c10::TypedOperatorHandle<OwnedSignature>& owned_op() {
   static const auto handle = c10::Dispatcher::singleton()
@@ -46,6 +55,36 @@ const c10::TypedOperatorHandle<BorrowedSignature>& borrowed_op() {
           .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d_borrowed", "")
           .typed<BorrowedSignature>();
   return handle;
+}
+
+const c10::TypedOperatorHandle<OutSignature>& out_op() {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d_out", "")
+                                 .typed<OutSignature>();
+  return handle;
+}
+
+// torch's AsyncCollectiveTensor class (a new reference each time; null with a Python error set).
+PyObject* async_tensor_class() {
+  PyObject* module = PyImport_ImportModule("torch.distributed._functional_collectives");
+  if (module == nullptr) return nullptr;
+  PyObject* cls = PyObject_GetAttrString(module, "AsyncCollectiveTensor");
+  Py_DECREF(module);
+  return cls;
+}
+
+// `result` (a new reference, consumed) as an AsyncCollectiveTensor when the call left the
+// caller's wait to it, else itself.
+PyObject* maybe_async(PyObject* result) {
+  if (result == nullptr || !transport::join_request().deferred) return result;
+  static PyObject* cls = async_tensor_class();  // kept for the process's life
+  if (cls == nullptr) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  PyObject* wrapped = PyObject_CallOneArg(cls, result);
+  Py_DECREF(result);
+  return wrapped;
 }
 
 // Conversions of the method's arguments: false (no Python error set) for anything else.
@@ -87,8 +126,9 @@ Splits splits_view(const std::optional<std::vector<int64_t>>& splits) {
   return splits ? Splits(*splits) : std::nullopt;
 }
 
-// The arguments both ops share, in schema order: x, mode, tag, group_name, seq_splits,
-// head_splits, layout; the rank is the last (the borrowed op's barrier comes before it).
+// The arguments the ops share, in schema order: x, mode, tag, group_name, seq_splits,
+// head_splits, layout, then the rank (at `rank_at`: the borrowed op's barrier comes before it,
+// the out op's `out` after it).
 struct Arguments {
   PyObject* x = nullptr;
   int64_t mode = 0;
@@ -97,35 +137,45 @@ struct Arguments {
   int64_t rank = 0;
 };
 
-bool parse(PyObject* const* args, Py_ssize_t count, Py_ssize_t expected, Arguments* a) {
+bool parse(PyObject* const* args, Py_ssize_t count, Py_ssize_t expected, Py_ssize_t rank_at,
+           Arguments* a) {
   if (count != expected) return false;
   a->x = args[0];
   return THPVariable_CheckExact(a->x) && !at::impl::torch_function_mode_enabled() &&
          as_int(args[1], &a->mode) && as_string(args[2], &a->tag) &&
          as_string(args[3], &a->group_name) && as_splits(args[4], &a->seq_splits) &&
          as_splits(args[5], &a->head_splits) && as_string(args[6], &a->layout) &&
-         as_int(args[expected - 1], &a->rank);
+         as_int(args[rank_at], &a->rank);
 }
 
 // Calls `op(x)` (the typed op call, x the unpacked tensor) without the GIL, as torch.ops does
-// (the call may wait: a rendezvous), below autograd, and returns its result to Python.
+// (the call may wait: a rendezvous), below autograd, with the caller's wait deferred when
+// `defer`, and returns its result to Python (an AsyncCollectiveTensor where it was deferred).
 template <typename Op>
-PyObject* call_below_autograd(const Arguments& a, Op&& op) {
+PyObject* call_below_autograd(const Arguments& a, bool defer, Op&& op) {
   const at::Tensor& x = THPVariable_Unpack(a.x);
   at::Tensor out;
   {
     pybind11::gil_scoped_release no_gil;
     at::AutoDispatchBelowAutograd below;
-    out = op(x);
+    transport::JoinRequest& join = transport::join_request();
+    join.defer = defer;
+    try {
+      out = op(x);
+    } catch (...) {
+      join.defer = false;
+      throw;
+    }
+    join.defer = false;
   }
-  return THPVariable_Wrap(std::move(out));
+  return maybe_async(THPVariable_Wrap(std::move(out)));
 }
 
 PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   Arguments a;
-  if (!parse(args, count, 8, &a)) Py_RETURN_NOTIMPLEMENTED;
-  return call_below_autograd(a, [&a](const at::Tensor& x) {
+  if (!parse(args, count, 8, 7, &a)) Py_RETURN_NOTIMPLEMENTED;
+  return call_below_autograd(a, true, [&a](const at::Tensor& x) {
     return owned_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
                            splits_view(a.seq_splits), splits_view(a.head_splits),
                            std::move(a.layout), a.rank);
@@ -136,15 +186,40 @@ PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
 PyObject* borrowed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   Arguments a;
-  if (!parse(args, count, 9, &a) || (args[7] != Py_True && args[7] != Py_False))
+  if (!parse(args, count, 9, 8, &a) || (args[7] != Py_True && args[7] != Py_False))
     Py_RETURN_NOTIMPLEMENTED;
   const bool barrier = args[7] == Py_True;
-  return call_below_autograd(a, [&a, barrier](const at::Tensor& x) {
+  return call_below_autograd(a, true, [&a, barrier](const at::Tensor& x) {
     return borrowed_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
                               splits_view(a.seq_splits), splits_view(a.head_splits),
                               std::move(a.layout), barrier, a.rank);
   });
   END_HANDLE_TH_ERRORS
+}
+
+PyObject* owned_out(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  Arguments a;
+  if (!parse(args, count, 9, 7, &a) || !THPVariable_CheckExact(args[8]))
+    Py_RETURN_NOTIMPLEMENTED;
+  at::Tensor out = THPVariable_Unpack(args[8]);
+  // Ready in the caller's stream order: a caller that reads its own `out` rather than the
+  // returned tensor (the usual way with a persistent buffer) must never see it half-written.
+  return call_below_autograd(a, false, [&a, &out](const at::Tensor& x) {
+    return out_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
+                         splits_view(a.seq_splits), splits_view(a.head_splits),
+                         std::move(a.layout), a.rank, out);
+  });
+  END_HANDLE_TH_ERRORS
+}
+
+// set_defer(flag): whether this thread's next calls through torch.ops leave the caller's wait
+// to their result; returns whether the last call did.
+PyObject* set_defer(PyObject* /*module*/, PyObject* flag) {
+  transport::JoinRequest& join = transport::join_request();
+  join.defer = flag == Py_True;
+  if (join.deferred) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
 }
 
 PyMethodDef methods[] = {
@@ -155,6 +230,13 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "borrowed(x, mode, tag, group_name, seq_splits, head_splits, layout, barrier, rank): the "
      "op all_to_all_single_4d_borrowed below autograd, or NotImplemented"},
+    {"owned_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned_out)),
+     METH_FASTCALL,
+     "owned_out(x, mode, tag, group_name, seq_splits, head_splits, layout, rank, out): the op "
+     "all_to_all_single_4d_out below autograd, or NotImplemented"},
+    {"set_defer", &set_defer, METH_O,
+     "set_defer(flag): whether this thread's next calls through torch.ops leave the caller's "
+     "wait to their result (an AsyncCollectiveTensor); returns whether the last call did"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

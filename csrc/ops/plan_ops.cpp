@@ -192,6 +192,23 @@ at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::stri
   return meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
 }
 
+at::Tensor& all_to_all_out_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
+                                std::string group_name,
+                                std::optional<at::IntArrayRef> seq_splits,
+                                std::optional<at::IntArrayRef> head_splits, std::string layout,
+                                std::optional<int64_t> rank, at::Tensor& out) {
+  const at::Tensor expected =
+      meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
+  TORCH_CHECK_VALUE(out.scalar_type() == x.scalar_type(), "out has dtype ", out.scalar_type(),
+                    " but x has ", x.scalar_type(), ": out must have x's dtype");
+  TORCH_CHECK_VALUE(out.sizes() == expected.sizes(), "out has shape ", out.sizes(),
+                    " but the call's output is ", expected.sizes(),
+                    ": out must have the output's shape");
+  TORCH_CHECK_VALUE(out.is_contiguous(), "out is not contiguous: out must be a contiguous "
+                    "tensor");
+  return out;
+}
+
 int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank) {
   const int64_t actual = c10d::resolve_process_group(group_name)->getRank();
   check_rank(group_name, rank, actual);

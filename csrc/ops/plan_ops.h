@@ -47,6 +47,13 @@ at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::stri
                                     std::string layout, bool barrier,
                                     std::optional<int64_t> rank);
 
+// The out= op's Meta kernel: `out` itself, once its shape, dtype and contiguity match the call.
+at::Tensor& all_to_all_out_meta(const at::Tensor& x, int64_t mode, std::string tag,
+                                std::string group_name,
+                                std::optional<at::IntArrayRef> seq_splits,
+                                std::optional<at::IntArrayRef> head_splits, std::string layout,
+                                std::optional<int64_t> rank, at::Tensor& out);
+
 // The rank a collective runs as: `rank` when given (it must equal the process group's rank in
 // `group_name`), else the group's rank.
 int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank);

@@ -61,6 +61,12 @@ TORCH_LIBRARY(fast_ulysses, m) {
       "all_to_all_single_4d(Tensor x, int mode, str tag, str group_name, "
       "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', int? rank=None) "
       "-> Tensor");
+  // The owned call into the caller's `out` (checked: device, dtype, shape, contiguity, no
+  // overlap with x or the tag's window; ValueError before anything is sent). No autograd.
+  m.def(
+      "all_to_all_single_4d_out(Tensor x, int mode, str tag, str group_name, "
+      "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', int? rank=None, *, "
+      "Tensor(a!) out) -> Tensor(a!)");
   m.def(
       "all_to_all_single_4d_borrowed(Tensor x, int mode, str tag, str group_name, "
       "int[]? seq_splits=None, int[]? head_splits=None, str layout='bshd', bool barrier=True, "
@@ -153,5 +159,6 @@ TORCH_LIBRARY_IMPL(fast_ulysses, Autograd, m) {
 TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {
   m.impl("all_to_all_single_4d", &fast_ulysses::ops::all_to_all_meta);
   m.impl("all_to_all_single_4d_borrowed", &fast_ulysses::ops::all_to_all_borrowed_meta);
+  m.impl("all_to_all_single_4d_out", &fast_ulysses::ops::all_to_all_out_meta);
   m.impl("qk_norm_rope_all_to_all", &fast_ulysses::ops::qk_norm_rope_meta);
 }

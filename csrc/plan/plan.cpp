@@ -1,5 +1,7 @@
 #include "plan/plan.h"
 
+#include "plan/call_signature.h"
+
 #include <algorithm>
 #include <numeric>
 #include <utility>
@@ -231,6 +233,7 @@ Plan make_plan(const PlanRequest& request) {
 
   Plan plan;
   plan.request = request;
+  plan.request_hash = fast_ulysses::request_hash(request);
   const bool to_heads = request.mode == Mode::kSeqToHead;
   for (int j = 0; j < P; ++j) {
     const int64_t out_j = request.batch * (to_heads ? S * heads[j] : seq[j] * N) * row;

@@ -93,6 +93,7 @@ struct Plan {
   int64_t input_bytes = 0;
   int64_t output_bytes = 0;
   int64_t window_bytes = 0;  // max over ranks of output bytes: what every rank reserves
+  uint64_t request_hash = 0;  // call_signature.h's hash of the request (rank-independent)
   std::vector<CopyDescriptor> copies;  // copies[j].peer == j, j = 0..P-1
   // An owned result: this rank's own chunk goes from the input straight into the result
   // (copies[rank] with the result as its destination), and these copies bring everything else

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <array>
 #include <mutex>
@@ -14,6 +15,7 @@
 
 #include "kernels/norm_rope_launch.h"
 #include "ops/plan_errors.h"
+#include "plan/call_signature.h"
 #include "plan/group_stats.h"
 #include "plan/tag_rules.h"
 #include "transport/copy_engine.h"
@@ -55,9 +57,40 @@ bool capturing(cudaStream_t stream) {
 }
 
 constexpr size_t kMaxCachedPlans = 1024;
+// Deferred joins kept before the oldest that the device has passed are dropped.
+constexpr size_t kKeptWorks = 16;
+
+// [first, last) bytes of a contiguous tensor.
+std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
+  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  return {first, first + static_cast<uintptr_t>(t.nbytes())};
+}
+
+bool overlap(std::pair<uintptr_t, uintptr_t> a, std::pair<uintptr_t, uintptr_t> b) {
+  return a.first < a.second && b.first < b.second && a.first < b.second && b.first < a.second;
+}
 
 std::vector<int64_t> shape_of(const std::array<int64_t, 4>& shape) {
   return {shape.begin(), shape.end()};
+}
+
+std::string joined(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i)
+    text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
+// The watchdog's name of a call (built when a tag's signature changes).
+std::shared_ptr<const WatchedCall> watched_call(const Plan& plan, const std::string& tag,
+                                                uint32_t signature) {
+  const PlanRequest& r = plan.request;
+  std::string text = "mode=" + std::to_string(static_cast<int>(r.mode)) + ", layout=" +
+                     layout_name(r.layout) + ", batch=" + std::to_string(r.batch) +
+                     ", head_dim=" + std::to_string(r.head_dim) + ", element_size=" +
+                     std::to_string(r.element_size) + ", seq_splits=" + joined(r.seq_splits) +
+                     ", head_splits=" + joined(r.head_splits) + ", tag '" + tag + "'";
+  return std::make_shared<const WatchedCall>(WatchedCall{tag, signature, std::move(text)});
 }
 
 }  // namespace
@@ -81,7 +114,12 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
                                          watchdog_settings_);
 }
 
-UlyssesGroup::~UlyssesGroup() { watchdog_.reset(); }
+UlyssesGroup::~UlyssesGroup() {
+  watchdog_.reset();
+  // (At process exit without destroy(): c10d's registry, built before any group, still exists.)
+  for (const auto& work : works_)
+    if (!work->waited()) c10d::unregister_work(work);
+}
 
 const Plan& UlyssesGroup::plan(const std::vector<int64_t>& key,
                                const std::function<Plan()>& build) {
@@ -104,6 +142,7 @@ UlyssesGroup::TagState UlyssesGroup::new_tag(const std::string& tag) const {
   TagState state;
   state.slot = static_cast<int>(tags_.size());  // first use order: the same on every rank
   state.name = std::make_shared<const std::string>(tag);
+  state.hash = tag_hash(tag);
   return state;
 }
 
@@ -132,14 +171,15 @@ const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool 
 }
 
 // Opening handshake of `call`, one batch on M (or on a stream capturing M's part of a call,
-// eager_graph.h): release my window (its previous contents were read on C, joined into M, or
-// copied out earlier on M), then acquire every peer's: wait until it released what I last wrote
-// there (and, with call.wait_owned, copied out its owned result), and mark it held again.
+// eager_graph.h): release my window for this call (its previous contents were read on C, joined
+// into M, or copied out earlier on M) by writing the call's signature, then acquire every
+// peer's: wait until it released what I last wrote there for the same call (and, with
+// call.wait_owned, copied out its owned result), and mark it held again (1).
 void UlyssesGroup::open(const Call& call, cudaStream_t stream) {
   const int P = world_size();
   for (int k = 1; k < P; ++k)
-    batch_.write(handshake_.theirs((rank() + k) % P, call.slot, Word::kHeld), 0);
-  handshake_.wait_peers(batch_, call.slot, Word::kHeld, 0);
+    batch_.write(handshake_.theirs((rank() + k) % P, call.slot, Word::kHeld), call.signature);
+  handshake_.wait_peers(batch_, call.slot, Word::kHeld, call.signature);
   if (call.wait_owned) handshake_.wait_peers(batch_, call.slot, Word::kHeldOwned, 0);
   handshake_.set_peers(batch_, call.slot, Word::kHeld, 1);
   if (call.owned) handshake_.set_peers(batch_, call.slot, Word::kHeldOwned, 1);
@@ -187,7 +227,8 @@ void UlyssesGroup::issue_peers(const at::Tensor& x, const at::Tensor& out, const
 bool UlyssesGroup::launch_cached(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
                                  const Window& window, const Call& call, cudaStream_t stream) {
   if (!eager_graphs_.enabled()) return false;  // no key is built: every call's path
-  EagerGraphs::Key signature = {call.slot, call.owned, call.deferred, call.wait_owned};
+  EagerGraphs::Key signature = {call.slot, call.owned, call.deferred, call.wait_owned,
+                                call.signature};
   for (const char* peer : window.peers) signature.push_back(reinterpret_cast<intptr_t>(peer));
   const auto add = [&signature](const std::vector<CopyDescriptor>& copies) {
     for (const CopyDescriptor& c : copies)
@@ -217,12 +258,46 @@ void UlyssesGroup::check_device(const at::Tensor& x) const {
                     device_, ": inputs must be on the group's device");
 }
 
+void UlyssesGroup::check_out(const at::Tensor& out, const at::Tensor& x, const Plan& plan,
+                             bool owned) const {
+  TORCH_CHECK_VALUE(owned, "out: only the owned call (all_to_all_single_4d) fills a caller's "
+                    "tensor; a borrowed result is the window itself");
+  TORCH_CHECK_VALUE(out.device() == device_, "out is on ", out.device(),
+                    " but the group is on ", device_, ": out must be on the group's device");
+  TORCH_CHECK_VALUE(out.scalar_type() == x.scalar_type(), "out has dtype ", out.scalar_type(),
+                    " but x has ", x.scalar_type(), ": out must have x's dtype");
+  const std::vector<int64_t> shape = shape_of(plan.output_shape);
+  TORCH_CHECK_VALUE(out.sizes() == c10::IntArrayRef(shape), "out has shape ", out.sizes(),
+                    " but the call's output is ", c10::IntArrayRef(shape),
+                    ": out must have the output's shape");
+  TORCH_CHECK_VALUE(out.is_contiguous(), "out (shape ", out.sizes(), ", strides ",
+                    out.strides(), ") is not contiguous: out must be a contiguous tensor");
+  TORCH_CHECK_VALUE(!overlap(byte_range(out), byte_range(x)),
+                    "out overlaps x in memory: the call reads x while it writes out; pass "
+                    "an out that shares no bytes with x");
+}
+
+void UlyssesGroup::check_not_in_window(const char* name, const at::Tensor& t,
+                                       const Window& window, const std::string& tag) const {
+  const auto local = reinterpret_cast<uintptr_t>(window.local);
+  TORCH_CHECK_VALUE(
+      !overlap(byte_range(t), {local, local + static_cast<uintptr_t>(window.bytes)}), name,
+      " overlaps the receive window of tag '", tag, "' (a borrowed result of that tag, or a "
+      "view of one): peers write into that window during this call, so its bytes would change "
+      "while they are read. Use another tag for this call, or clone() the borrowed result "
+      "first");
+}
+
 at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
                                     const std::string& tag_name, Result result, bool barrier,
-                                    FusedNormRope* fused) {
+                                    FusedNormRope* fused, const at::Tensor& out_arg) {
   c10::cuda::CUDAGuard guard(device_);
+  JoinRequest& join = join_request();
+  join.deferred = false;
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
+  const bool owned = result == Result::kOwned;
+  if (out_arg.defined()) check_out(out_arg, x, plan, owned);
   TagState* known = find_tag(tag_name);
   if (known && known->deferred) check_not_deferred(tag_name);
   // Everything that can raise (plan, window, sealed pool, capture) runs before anything is
@@ -231,24 +306,33 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   std::optional<TagState> fresh;
   if (!known) fresh = new_tag(tag_name);
   const Window& window = window_for(known ? *known : *fresh, plan.window_bytes, in_capture);
+  check_not_in_window("x", x, window, tag_name);
+  if (out_arg.defined()) check_not_in_window("out", out_arg, window, tag_name);
   TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
-  const bool owned = result == Result::kOwned;
   const bool deferred = !owned && !barrier;
-  at::Tensor out = owned ? at::empty(shape_of(plan.output_shape), x.options())
-                         : pool_.local_tensor(window, shape_of(plan.output_shape),
-                                              x.scalar_type());
+  at::Tensor out = !owned             ? pool_.local_tensor(window, shape_of(plan.output_shape),
+                                                           x.scalar_type())
+                   : out_arg.defined() ? out_arg
+                                       : at::empty(shape_of(plan.output_shape), x.options());
   ++tag.calls;
   // An owned call's held_owned words are set in its open(): from its issue on (eagerly, or in a
   // graph being captured, which may replay at any time) every call on the tag waits for them.
-  const Call call = {tag.slot, owned, deferred, in_capture || tag.ever_owned};
+  const Call call = {tag.slot, owned, deferred, in_capture || tag.ever_owned,
+                     call_signature(plan.request_hash, tag.hash)};
   if (owned) tag.ever_owned = true;
+  if (!tag.watched || tag.watched->signature != call.signature)
+    tag.watched = watched_call(plan, *tag.name, call.signature);
   const bool peers = world_size() > 1;
+  // An eager call whose caller asked for it leaves C's wait to the result's first use.
+  const bool defer_caller = join.defer && peers && !deferred && !in_capture;
   profile_.mark(Stage::kSetup);
   const CallKind kind = owned ? CallKind::kOwned : CallKind::kBorrowed;
   // A call closed by its own handshake, with nothing deferred on M before it, launches its
   // cached graph on C itself: C would wait for all of it anyway, and M holds nothing C has not
   // waited for, so the fork into M and the join back (four driver calls) order nothing.
-  const bool direct = peers && !fused && !deferred && !in_capture && deferred_tags_ == 0;
+  // (Nor with a deferred join's work on M that C has not waited for.)
+  const bool direct = peers && !fused && !deferred && !in_capture && deferred_tags_ == 0 &&
+                      !defer_caller && !unjoined_;
   if (direct) {
     profile_.mark(Stage::kOpen);
     if (launch_cached(x, out, plan, window, call, caller)) {
@@ -261,6 +345,9 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   }
   bool own_issued = false;  // the own share went into the call's cached graph (on M)
   if (peers) {
+    // A borrowed call whose own share may go on C writes into the window that a deferred join's
+    // work on M may still be writing: C waits for that work first (M holds nothing newer yet).
+    if (unjoined_ && !owned && !fused) events_.join(comm_, caller);
     events_.join(caller, comm_);
     if (fused) {
       open(call, comm_);
@@ -305,7 +392,17 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   if (fused) close(tag.slot, comm_);
   profile_.mark(Stage::kClose);
   if (owned && fused) finish_owned(out, plan, window, tag.slot, true, comm_);
-  join_caller(caller, kind, tag.name, tag.slot, tag.calls, in_capture);
+  if (defer_caller) {
+    // The own share went on C: M's closing event must come after it too.
+    if (!fused && !own_issued) events_.join(caller, comm_);
+    defer_join(out, x, owned, kind, tag);
+    if (fused)
+      for (const at::Tensor& read : fused->reads) record_stream(read, comm_, device_.index());
+    profile_.mark(Stage::kFinish);
+    profile_.end_call();
+    return out;
+  }
+  join_caller(caller, kind, tag.watched, tag.slot, tag.calls, in_capture);
   profile_.mark(Stage::kFinish);
   profile_.end_call();
   return out;
@@ -358,16 +455,45 @@ void UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan, const W
 // The caller's stream waits for everything issued on M so far (under capture this is the join
 // a graph needs for every stream it forked); eager calls are watched until M gets there.
 void UlyssesGroup::join_caller(cudaStream_t caller, CallKind kind,
-                               std::shared_ptr<const std::string> tag, int slot, uint64_t call,
+                               std::shared_ptr<const WatchedCall> what, int slot, uint64_t call,
                                bool capturing) {
   auto done = events_.record(comm_);
   FU_CUDA_CHECK(cudaStreamWaitEvent(caller, *done, 0));
-  if (!capturing) watchdog_->watch(std::move(done), kind, std::move(tag), slot, call);
+  if (!capturing) unjoined_ = false;
+  if (!capturing) watchdog_->watch(std::move(done), kind, std::move(what), slot, call);
+}
+
+void UlyssesGroup::defer_join(const at::Tensor& result, const at::Tensor& x, bool owned,
+                              CallKind kind, const TagState& tag) {
+  // C does not wait for M before this returns: memory M still reads or writes must not be
+  // handed to other work on C before M is done with it.
+  record_stream(x, comm_, device_.index());
+  if (owned) record_stream(result, comm_, device_.index());
+  auto done = events_.record(comm_);
+  watchdog_->watch(done, kind, tag.watched, tag.slot, tag.calls);
+  prune_works(kKeptWorks);
+  auto work = c10::make_intrusive<CallWork>(std::move(done), device_.index());
+  c10d::register_work(result, work);
+  works_.push_back(std::move(work));
+  unjoined_ = true;
+  join_request().deferred = true;
+}
+
+void UlyssesGroup::prune_works(size_t keep) {
+  while (!works_.empty()) {
+    const auto& oldest = works_.front();
+    if (!oldest->waited()) {
+      // Still in flight, or not worth a query yet: its result may yet be used.
+      if (works_.size() <= keep || !oldest->done()) return;
+      c10d::unregister_work(oldest);  // the device is past it: nothing left to wait for
+    }
+    works_.pop_front();
+  }
 }
 
 void UlyssesGroup::watch(cudaStream_t caller, CallKind kind, const TagState& tag) {
   if (!watchdog_->enabled()) return;  // the event would exist for the watchdog alone
-  watchdog_->watch(events_.record(caller), kind, tag.name, tag.slot, tag.calls);
+  watchdog_->watch(events_.record(caller), kind, tag.watched, tag.slot, tag.calls);
 }
 
 void UlyssesGroup::reserve(const std::vector<std::string>& tags,
@@ -407,6 +533,7 @@ void UlyssesGroup::quiesce() {
   c10::cuda::CUDAGuard guard(device_);
   FU_CUDA_CHECK(cudaStreamSynchronize(comm_));
   FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index()).stream()));
+  prune_works(0);  // every deferred join is done now: none is left in c10d's registry
   c10d::resolve_process_group(group_name_)->barrier()->wait();
 }
 

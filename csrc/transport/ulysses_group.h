@@ -6,20 +6,27 @@
 // rank+1 first, then rank+2, ...: peers are not all hit at once), copies this rank's own share
 // on C (straight into the result for an owned call; a same-device copy is an SM copy either
 // way; a call launched from a cached graph, eager_graph.h, copies it on a branch of that graph
-// instead), and closes on M. Every call joins M back into C before it returns: the result is ready
-// in C's stream order, as with c10d's all_to_all_single(async_op=False). A call launched from a
-// cached graph that is closed by its own handshake, with no deferred call open, runs its graph on
-// C itself: nothing to fork or join.
+// instead), and closes on M. A call joins M back into C before it returns (the result is ready
+// in C's stream order, as with c10d's all_to_all_single(async_op=False)), except an eager call
+// made with join_request().defer (call_work.h): its result is registered with a c10d Work and C
+// waits for M only when the result is first used (wait_tensor). A call launched from a cached
+// graph that is closed by its own handshake, with no deferred call open and no deferred join
+// asked for, runs its graph on C itself: nothing to fork or join.
 // Contract. Every rank issues the same sequence of calls (shape, mode, tag, splits, layout,
 // entry point), replays of captured graphs included; window and pool decisions depend on that
-// sequence only. Breaking it leaves a wait unsatisfied; the watchdog reports such a wait after
-// FAST_ULYSSES_WATCHDOG_S seconds (default 300).
+// sequence only. The handshake carries each call's signature (plan/call_signature.h): a rank
+// writes into a peer's window only once the peer released it for the same call, so ranks that
+// disagree never write into each other's windows. They wait instead, and the watchdog reports
+// the wait, with both signatures, after FAST_ULYSSES_WATCHDOG_S seconds (default 300).
+// Aliasing. An input (or an owned call's `out`) whose bytes overlap the window of the call's
+// tag is refused before anything is issued: peers write into that window during the call.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <cuda_runtime_api.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,6 +35,7 @@
 
 #include "plan/plan.h"
 #include "kernels/norm_rope.h"
+#include "transport/call_work.h"
 #include "transport/eager_graph.h"
 #include "transport/event_pool.h"
 #include "transport/handshake.h"
@@ -66,8 +74,11 @@ class UlyssesGroup {
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   // With `fused`, one kernel writes every chunk (this rank's own too, into its window) instead
   // of the copies; an owned result is then copied out of the window whole.
+  // `out` (owned results only, or undefined): the caller's tensor to fill instead of a new one,
+  // checked against the plan's output (ValueError) before anything is issued.
   at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
-                        Result result, bool barrier, FusedNormRope* fused = nullptr);
+                        Result result, bool barrier, FusedNormRope* fused = nullptr,
+                        const at::Tensor& out = at::Tensor());
   // Raises ValueError unless x is on the group's device (the ops check it before planning).
   void check_device(const at::Tensor& x) const;
   void reserve(const std::vector<std::string>& tags, const std::vector<int64_t>& window_bytes);
@@ -75,7 +86,8 @@ class UlyssesGroup {
   // issued before its barrier() have landed here.
   void barrier();
   // Waits for this rank's work, then for every rank (a process-group barrier), so no peer can
-  // still be writing into this rank's memory when it is freed.
+  // still be writing into this rank's memory when it is freed; then takes every result's Work
+  // that was never waited for out of c10d's registry (nothing is left in flight).
   void quiesce();
 
   int rank() const { return pool_.rank(); }
@@ -95,7 +107,9 @@ class UlyssesGroup {
     // words on its slot may hold 1 from now on. Until then they are 0 and never waited for
     // outside a capture (open()).
     bool ever_owned = false;
+    uint64_t hash = 0;  // plan/call_signature.h's tag_hash
     std::shared_ptr<const std::string> name;
+    std::shared_ptr<const WatchedCall> watched;  // the tag's last call, for the watchdog
   };
   // A tag's state: `find_tag` is null for a tag never used; `new_tag` checks the tag limit and
   // builds the state of the next slot without keeping it (a call keeps it once its window is
@@ -112,7 +126,18 @@ class UlyssesGroup {
     bool deferred;    // borrowed with barrier=false: no closing handshake
     bool wait_owned;  // open() waits for my held_owned words too: they can be 1 only on a tag
                       // that has carried an owned call; a call being captured always waits
+    uint32_t signature;  // plan/call_signature.h: what my release writes and my acquire awaits
   };
+  // `out` against the call (device, dtype, shape, contiguity, no overlap with x): ValueError.
+  void check_out(const at::Tensor& out, const at::Tensor& x, const Plan& plan, bool owned) const;
+  // Refuses (ValueError) a tensor whose bytes overlap `window` (this rank's part of it).
+  void check_not_in_window(const char* name, const at::Tensor& t, const Window& window,
+                           const std::string& tag) const;
+  // Leaves the caller's wait to a c10d Work registered for `result` (call_work.h).
+  void defer_join(const at::Tensor& result, const at::Tensor& x, bool owned, CallKind kind,
+                  const TagState& tag);
+  // Drops the Works the device has passed or that were waited for (unregistering the others).
+  void prune_works(size_t keep);
   // Opening handshake, on comm_ or a stream being captured.
   void open(const Call& call, cudaStream_t stream);
   void close(int slot, cudaStream_t stream);
@@ -133,7 +158,7 @@ class UlyssesGroup {
   void finish_owned(const at::Tensor& out, const Plan& plan, const Window& window, int slot,
                     bool whole, cudaStream_t stream);
   // M's closing event joined into the caller's stream, and watched unless capturing.
-  void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const std::string> tag,
+  void join_caller(cudaStream_t caller, CallKind kind, std::shared_ptr<const WatchedCall> what,
                    int slot, uint64_t call, bool capturing);
   // The watchdog watches an event recorded on `caller` now (a call launched on C itself).
   void watch(cudaStream_t caller, CallKind kind, const TagState& tag);
@@ -156,6 +181,8 @@ class UlyssesGroup {
   uint64_t barriers_ = 0;
   int deferred_tags_ = 0;  // tags whose last call was deferred: M holds work C has not joined
   std::unique_ptr<Watchdog> watchdog_;
+  std::deque<c10::intrusive_ptr<CallWork>> works_;  // deferred joins, oldest first
+  bool unjoined_ = false;  // M holds a deferred join's work that C has not waited for
 };
 
 }  // namespace fast_ulysses::transport

@@ -63,10 +63,10 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::watch(std::shared_ptr<cudaEvent_t> event, CallKind kind,
-                     std::shared_ptr<const std::string> tag, int slot, uint64_t call) {
+                     std::shared_ptr<const WatchedCall> what, int slot, uint64_t call) {
   if (timeout_s_ <= 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back({std::move(event), kind, std::move(tag), slot, call,
+  entries_.push_back({std::move(event), kind, std::move(what), slot, call,
                       std::chrono::steady_clock::now()});
 }
 
@@ -118,7 +118,7 @@ std::string Watchdog::describe(const Entry& entry) const {
     what << "barrier #" << entry.call;
   } else {
     what << (entry.kind == CallKind::kBorrowed ? "borrowed call #" : "call #") << entry.call
-         << " of tag '" << *entry.tag << "'";
+         << " of tag '" << entry.what->tag << "'";
   }
   return what.str();
 }
@@ -130,7 +130,9 @@ void Watchdog::report(const Entry& entry, double waited_s) const {
   if (entry.kind == CallKind::kBarrier) {
     lists = {{"barrier-A (1 = peer arrived)", Word::kBarrierA}, {"barrier-B", Word::kBarrierB}};
   } else {
-    lists = {{"held (1 = peer has not released its window yet)", Word::kHeld},
+    lists = {{"held (1 = peer has not released its window yet; otherwise the signature of the "
+              "call it released it for)",
+              Word::kHeld},
              {"held-owned", Word::kHeldOwned},
              {"landed (1 = peer's chunk arrived, not yet consumed)", Word::kLanded}};
   }
@@ -155,6 +157,20 @@ void Watchdog::report(const Entry& entry, double waited_s) const {
       message << "]";
     }
     message << ".";
+    if (entry.what) {
+      // A release for another call: the peer's call differs from this rank's.
+      for (int p = 0; p < P; ++p) {
+        const int64_t v = (*values)[p];
+        if (p == me || v < 0 || v == 1 || v == 0 || v == entry.what->signature) continue;
+        message << " Rank " << p << " released this rank's window of tag '" << entry.what->tag
+                << "' for a different call (signature 0x" << std::hex << v
+                << ") than this rank's (signature 0x" << entry.what->signature << std::dec
+                << ": " << entry.what->text
+                << "): the ranks disagree on the call, and no byte was copied between them "
+                   "for it (rank "
+                << p << "'s own report names its call).";
+      }
+    }
   } else {
     message << " (The flag words could not be read within "
             << std::chrono::duration_cast<std::chrono::seconds>(kFlagReadDeadline).count()

@@ -27,6 +27,15 @@ namespace fast_ulysses::transport {
 
 enum class CallKind { kOwned, kBorrowed, kBarrier };
 
+// What a report names a watched call by: its tag, its signature (plan/call_signature.h, the
+// value this rank's release writes and its acquire awaits) and a description of the call. The
+// group builds it when a tag's signature changes, never per call.
+struct WatchedCall {
+  std::string tag;
+  uint32_t signature = 0;
+  std::string text;
+};
+
 class Watchdog {
  public:
   // settings.timeout_s <= 0 disables it (watch() then does nothing).
@@ -37,15 +46,15 @@ class Watchdog {
   // Whether watch() keeps anything: callers skip recording an event for a disabled watchdog.
   bool enabled() const { return timeout_s_ > 0; }
 
-  // `tag` is null for a barrier; `call` counts the calls of the tag (or barriers), from 1.
+  // `what` is null for a barrier; `call` counts the calls of the tag (or barriers), from 1.
   void watch(std::shared_ptr<cudaEvent_t> event, CallKind kind,
-             std::shared_ptr<const std::string> tag, int slot, uint64_t call);
+             std::shared_ptr<const WatchedCall> what, int slot, uint64_t call);
 
  private:
   struct Entry {
     std::shared_ptr<cudaEvent_t> event;
     CallKind kind;
-    std::shared_ptr<const std::string> tag;
+    std::shared_ptr<const WatchedCall> what;
     int slot;
     uint64_t call;
     std::chrono::steady_clock::time_point issued;

@@ -10,6 +10,7 @@ GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 from ._version import __version__
 from ._ops import cuda_available, cuda_load_error
 from .api import Mode, UlyssesGroupLike
+from .errors import FastUlyssesError
 from .autograd import auto_tag, backward_tag, register_op_autograd
 from .factory import make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
@@ -27,6 +28,7 @@ __all__ = [
     "CallSpec",
     "CopyDescriptor",
     "DTYPE_NAMES",
+    "FastUlyssesError",
     "Mode",
     "Plan",
     "cuda_available",

@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from ._ops import cuda_load_error, cuda_module, ops
 from .api import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
@@ -18,7 +19,7 @@ from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
 from .policy import Decision, decide
 from .topology import shared_gpu_pair
-from .errors import FastUlyssesError
+from .errors import FastUlyssesError, public, refused
 
 _warned_shared_gpu = False
 
@@ -50,6 +51,7 @@ class UlyssesGroup:
     rank: int
     world_size: int
 
+    @public
     def __init__(self, process_group: dist.ProcessGroup | None = None,
                  initial_pool_bytes: int = 0, *, device: torch.device | int | str | None = None,
                  decision: Decision | None = None, topology=None):
@@ -93,31 +95,81 @@ class UlyssesGroup:
     def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
                              seq_splits: Sequence[int] | None = None,
                              head_splits: Sequence[int] | None = None,
-                             layout: str = "bshd") -> torch.Tensor:
+                             layout: str = "bshd",
+                             out: torch.Tensor | None = None) -> torch.Tensor:
         """One all-to-all. Mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d);
         mode 1 the inverse; sbhd swaps the first two dimensions, bhsd is (b, heads, seq, d).
 
+        Arguments:
+            out: a contiguous tensor of the output's shape and x's dtype on the group's device,
+                sharing no bytes with x or the tag's window, to fill instead of a new tensor
+                (not with an input that requires grad: out= records no backward).
+
         Returns:
-            A new tensor the caller owns, ready in the current stream's order (the stream
-            waits for the transfer on the device; the host never does), as with
-            `dist.all_to_all_single`. To overlap the transfer with other work, call it on a
-            side stream. Differentiable: its backward is mode 1 - m on
-            `fast_ulysses.autograd.backward_tag(tag)`. tag=None picks
+            A new tensor the caller owns. In eager mode with peers it is an
+            `AsyncCollectiveTensor` (torch.distributed._functional_collectives): the transfer
+            is still in flight, and the first aten op on the result makes the stream it runs
+            on wait for it, on the device (the host never waits). Work queued before that runs
+            beside the transfer. At P = 1, under torch.compile and under CUDA-graph capture it
+            is a plain tensor ready in the current stream's order. With `out`: `out` itself,
+            ready in the current stream's order (a caller that goes on reading its own buffer
+            never sees it half-written). Differentiable: its backward
+            is mode 1 - m on `fast_ulysses.autograd.backward_tag(tag)`. tag=None picks
             `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
+
+        Raises:
+            FastUlyssesError (a ValueError and a RuntimeError) naming the argument and the
+            rule, before anything is sent.
         """
-        tag = resolve_tag(tag, x, mode, layout)
-        self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-        args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
-                as_splits(head_splits, "head_splits"), layout, self.rank)
-        if x.requires_grad and torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return ops.all_to_all_single_4d(*args)
-        # No grad needed: the op below autograd (skipping its Python autograd kernel), reached
-        # through the CUDA module's typed dispatcher call, or torch.ops where that declines.
-        out = cuda_module.owned(*args)
-        if out is NotImplemented:
+        try:
+            tag = resolve_tag(tag, x, mode, layout)
+            self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits,
+                              layout)
+            args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
+                    as_splits(head_splits, "head_splits"), layout, self.rank)
+            if out is not None:
+                return self._into(args, out)
+            if torch.compiler.is_compiling():
+                return ops.all_to_all_single_4d(*args)
+            if x.requires_grad and torch.is_grad_enabled():
+                return self._with_grad(args)
+            # No grad needed: the op below autograd (skipping its Python autograd kernel),
+            # through the CUDA module's typed dispatcher call (which returns an
+            # AsyncCollectiveTensor where the transfer is in flight), or torch.ops where that
+            # declines (a plain tensor, ready in the current stream's order).
+            result = cuda_module.owned(*args)
+            if result is NotImplemented:
+                with torch._C._AutoDispatchBelowAutograd():
+                    result = ops.all_to_all_single_4d(*args)
+            return result
+        except ValueError as error:
+            raise refused(error) from None
+
+    def _with_grad(self, args) -> torch.Tensor:
+        """The owned op through its autograd kernel, the caller's wait left to the result."""
+        cuda_module.set_defer(True)
+        try:
+            result = ops.all_to_all_single_4d(*args)
+        finally:
+            deferred = cuda_module.set_defer(False)
+        return funcol._maybe_wrap_tensor(result) if deferred else result
+
+    def _into(self, args, out) -> torch.Tensor:
+        """The owned call into the caller's `out` (the op checks it before anything is sent)."""
+        x = args[0]
+        if not isinstance(out, torch.Tensor):
+            raise FastUlyssesError(f"out is a {type(out).__name__}: it must be a torch.Tensor "
+                                   "(or None)")
+        if x.requires_grad and torch.is_grad_enabled():
+            raise FastUlyssesError("out= with an input that requires grad: out= records no "
+                                   "backward; call without out= when gradients are needed")
+        if torch.compiler.is_compiling():  # traced as the owned op and a copy
+            return out.copy_(ops.all_to_all_single_4d(*args))
+        result = cuda_module.owned_out(*args, out)
+        if result is NotImplemented:
             with torch._C._AutoDispatchBelowAutograd():
-                out = ops.all_to_all_single_4d(*args)
-        return out
+                result = ops.all_to_all_single_4d_out(*args, out=out)
+        return result
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,
@@ -125,32 +177,42 @@ class UlyssesGroup:
                                       layout: str = "bshd", barrier: bool = True) -> torch.Tensor:
         """Like all_to_all_single_4d, but returns this rank's receive window for `tag` itself:
         one copy less, valid until the next call with the same tag (other tags leave it alone).
+        With barrier=True (and peers, in eager mode) it is an `AsyncCollectiveTensor` whose
+        first use waits for the transfer on the device, as for the owned call.
 
-        With barrier=False the closing handshake is deferred: the result may be read only after
-        `barrier()`, and `x` may not be modified before then. Several calls (a layer's q, k, v)
-        then share one barrier.
+        With barrier=False the closing handshake is deferred: the result (a plain tensor) may be
+        read only after `barrier()`, and `x` may not be modified before then. Several calls (a
+        layer's q, k, v) then share one barrier.
 
         Under torch.compile this traces as `all_to_all_single_4d` (an owned result, closed by
         its own handshake): CUDA-graph trees (mode="reduce-overhead") refuse a graph output that
         lives outside their memory pool, as a window does. Results are the same.
 
-        The tag must be given, and an input that requires grad raises ValueError
-        (`fast_ulysses.autograd.check_borrowed_grad`: use the owned call for gradients).
+        Raises:
+            FastUlyssesError: no tag given; an input that requires grad
+            (`fast_ulysses.autograd.check_borrowed_grad`: use the owned call for gradients); an
+            input whose bytes overlap this tag's window (a borrowed result of the same tag fed
+            back: clone() it or use another tag); and every rule of the owned call.
         """
-        check_borrowed_tag(tag)
-        check_borrowed_grad(x)
-        if torch.compiler.is_compiling():
-            return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
-                                             head_splits=head_splits, layout=layout)
-        self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
-                          head_splits, layout, barrier)
-        args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
-                as_splits(head_splits, "head_splits"), layout, bool(barrier), self.rank)
-        # The op below autograd (its Autograd kernel only applies the rule checked above),
-        # through the CUDA module's typed dispatcher call, or torch.ops where that declines.
-        out = cuda_module.borrowed(*args)
-        return ops.all_to_all_single_4d_borrowed(*args) if out is NotImplemented else out
+        try:
+            check_borrowed_tag(tag)
+            check_borrowed_grad(x)
+            if torch.compiler.is_compiling():
+                return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
+                                                 head_splits=head_splits, layout=layout)
+            self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
+                              head_splits, layout, barrier)
+            args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
+                    as_splits(head_splits, "head_splits"), layout, bool(barrier), self.rank)
+            # The op below autograd (its Autograd kernel only applies the rule checked above),
+            # through the CUDA module's typed dispatcher call, or torch.ops where that declines.
+            result = cuda_module.borrowed(*args)
+            return ops.all_to_all_single_4d_borrowed(*args) if result is NotImplemented \
+                else result
+        except ValueError as error:
+            raise refused(error) from None
 
+    @public
     def barrier(self) -> None:
         """Closes every deferred borrowed call (barrier=False): stream-ordered on the caller's
         stream, after it every peer's data has landed in this rank's windows."""
@@ -159,12 +221,15 @@ class UlyssesGroup:
 
     # -- windows ---------------------------------------------------------------------------
 
+    @public
     def reserve(self, calls: Iterable) -> None:
         """Pre-sizes the window of every tag the process will use and seals the pool.
 
         Arguments:
-            calls: `fast_ulysses.CallSpec`s, one per distinct call this rank will make (shape
-                is this rank's input shape). Collective: every rank passes the same calls.
+            calls: `fast_ulysses.CallSpec`s, or dicts with the keys tag, shape, mode and
+                dtype (and optionally seq_splits, head_splits, layout), one per distinct call
+                this rank will make (shape is this rank's input shape). Collective: every rank
+                passes the same calls.
 
         After this, a call whose tag was not declared, or that needs a larger window than
         declared, raises ValueError before anything is sent.
@@ -175,6 +240,7 @@ class UlyssesGroup:
         tags = sorted(sizes)
         ops.reserve(self.group_name, tags, [sizes[t] for t in tags])
 
+    @public
     def stats(self) -> dict:
         """Pool capacity and use, segments, sealed, tags, deferred tags, the counts of eager
         calls launched from cached CUDA graphs, and whether the handshake waits for two peers'
@@ -192,6 +258,7 @@ class UlyssesGroup:
         per_call = {s: (n / 1e3 / calls if calls else 0.0) for s, n in zip(stages, ns)}
         return {"calls": calls, "us_per_call": per_call}
 
+    @public
     def destroy(self) -> None:
         """Waits for this rank's work and for every rank (collective), then frees the windows.
         Any later call on this group raises; calling destroy() again is a no-op (as on
@@ -210,7 +277,7 @@ class UlyssesGroup:
 
     def _check_live(self) -> None:
         if self._destroyed:
-            raise RuntimeError("this UlyssesGroup was destroyed: create a new one")
+            raise FastUlyssesError("this UlyssesGroup was destroyed: create a new one")
 
     def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
         self._check_live()

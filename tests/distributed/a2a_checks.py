@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -332,3 +334,138 @@ class Checker:
             else:
                 raise AssertionError(f"bad call '{name}' did not raise ValueError")
         self.passed.append("bad calls raise ValueError before anything is sent")
+
+    def expect_refused(self, name: str, call, needles) -> None:
+        """`call()` raises FastUlyssesError whose message holds every one of `needles`."""
+        try:
+            call()
+        except fu.FastUlyssesError as error:
+            for needle in needles:
+                assert needle in str(error), f"rank {self.rank}: {name}: {error!s} lacks {needle!r}"
+        else:
+            raise AssertionError(f"rank {self.rank}: {name}: did not raise FastUlyssesError")
+
+    def check_aliasing(self) -> None:
+        """Inputs and out= buffers whose bytes overlap the window of the call's tag are refused
+        on every rank before anything is sent (a whole borrowed result fed back on its own tag,
+        a batch slice of one, and one passed as out=); the group then works."""
+        case = Case(2, (4,) * self.P, (2,) * self.P, 64, torch.bfloat16, "bshd")
+        xs = inputs_for(case, self.P, seed=401)
+        want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
+        x = xs[self.rank].to(self.device)
+        y = self.group.all_to_all_single_4d_borrowed(x, 0, "alias", **self.splits(case))
+        self.expect("borrowed result before the refused calls", y, want)
+        window = y.elem if hasattr(y, "elem") else y  # the plain window view
+        self.expect_refused("a borrowed result fed back on its tag", lambda: (
+            self.group.all_to_all_single_4d_borrowed(y, 1, "alias", **self.splits(case))),
+            ("x overlaps the receive window of tag 'alias'",))
+        self.expect_refused("its plain window view fed back", lambda: (
+            self.group.all_to_all_single_4d_borrowed(window, 1, "alias", **self.splits(case))),
+            ("x overlaps the receive window of tag 'alias'",))
+        self.expect_refused("the owned call on the same input", lambda: (
+            self.group.all_to_all_single_4d(window, 1, "alias", **self.splits(case))),
+            ("x overlaps the receive window of tag 'alias'",))
+        self.expect_refused("a batch slice of a borrowed result", lambda: (
+            self.group.all_to_all_single_4d_borrowed(window[1:2], 1, "alias",
+                                                     **self.splits(case))),
+            ("x overlaps",))
+        self.expect_refused("a borrowed result as out= on its tag", lambda: (
+            self.group.all_to_all_single_4d(x, 0, "alias", out=window, **self.splits(case))),
+            ("out overlaps the receive window of tag 'alias'",))
+        # The same bytes on another tag are fine: that window is not written by this call.
+        back = self.group.all_to_all_single_4d(window, 1, "alias-back", **self.splits(case))
+        self.expect("a borrowed result sent back on another tag", back, xs[self.rank])
+        again = self.group.all_to_all_single_4d_borrowed(x, 0, "alias", **self.splits(case))
+        self.expect("the tag after the refused calls", again, want)
+        self.passed.append("aliasing: input or out= in the tag's window refused; group works")
+
+    def check_out(self) -> None:
+        """out= fills and returns the caller's buffer, bit-exact, ready in the current stream's
+        order (read straight after the call, without the returned tensor); every mismatch of
+        out raises FastUlyssesError naming it."""
+        for i, case in enumerate(cases(self.P)[:4]):
+            xs = inputs_for(case, self.P, seed=500 + i)
+            want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
+            x = xs[self.rank].to(self.device)
+            buf = torch.full(want.shape, 7, dtype=case.dtype, device=self.device)
+            got = self.group.all_to_all_single_4d(x, 0, "out", out=buf, **self.splits(case))
+            assert got is buf, f"rank {self.rank}: out= returned {type(got).__name__}, not out"
+            self.expect(f"out= case {i}", buf.clone(), want)  # the buffer itself, no wait
+        case = cases(self.P)[0]
+        x = inputs_for(case, self.P, seed=510)[self.rank].to(self.device)
+        shape = fu.simulate(inputs_for(case, self.P, seed=510), 0,
+                            **self.splits(case))[self.rank].shape
+        wrong = [
+            ("dtype", torch.empty(shape, dtype=torch.float32, device=self.device), "dtype"),
+            ("shape", torch.empty((shape[0] + 1, *shape[1:]), dtype=case.dtype,
+                                  device=self.device), "shape"),
+            ("device", torch.empty(shape, dtype=case.dtype), "out is on cpu"),
+            ("non-contiguous", torch.empty((shape[1], shape[0], *shape[2:]), dtype=case.dtype,
+                                           device=self.device).transpose(0, 1),
+             "not contiguous"),
+        ]
+        for name, buf, needle in wrong:
+            self.expect_refused(f"out= with a wrong {name}", lambda: self.group.all_to_all_single_4d(
+                x, 0, "out", out=buf, **self.splits(case)), (needle,))
+        # x and out in one buffer, overlapping by one element.
+        store = torch.empty(x.numel() + math.prod(shape), dtype=case.dtype, device=self.device)
+        xv = store[:x.numel()].view(x.shape)
+        xv.copy_(x)
+        ov = store[x.numel() - 1:x.numel() - 1 + math.prod(shape)].view(shape)
+        self.expect_refused("out= sharing bytes with x", lambda: (
+            self.group.all_to_all_single_4d(xv, 0, "out", out=ov, **self.splits(case))),
+            ("out overlaps x",))
+        grad_x = x.detach().clone().requires_grad_(True)
+        self.expect_refused("out= with an input that requires grad", lambda: (
+            self.group.all_to_all_single_4d(grad_x, 0, "out", out=torch.empty(
+                shape, dtype=case.dtype, device=self.device), **self.splits(case))),
+            ("out=",))
+        self.passed.append("out=: bit-exact into the caller's buffer; wrong out refused")
+
+    def check_async_result(self) -> None:
+        """Eager results with peers are AsyncCollectiveTensors (plain tensors at P = 1). Work
+        queued on the caller's stream after the call runs while the transfer still waits for a
+        late peer: each rank in turn calls 0.5 s (host time) after the others, and every other
+        rank's kernel queued after the call completes while its call is still pending."""
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        case = cases(self.P)[0]
+        xs = inputs_for(case, self.P, seed=601)
+        want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
+        x = xs[self.rank].to(self.device)
+        y = self.group.all_to_all_single_4d(x, 0, "acts", **self.splits(case))
+        yb = self.group.all_to_all_single_4d_borrowed(x, 0, "acts-b", **self.splits(case))
+        if self.P == 1:
+            assert type(y) is torch.Tensor and type(yb) is torch.Tensor, (type(y), type(yb))
+            self.expect("P = 1 result", y, want)
+            self.passed.append("P = 1: plain tensors (nothing in flight)")
+            return
+        assert isinstance(y, AsyncCollectiveTensor), f"owned result is a {type(y).__name__}"
+        assert isinstance(yb, AsyncCollectiveTensor), f"borrowed result is a {type(yb).__name__}"
+        self.expect("owned async result", y, want)
+        self.expect("borrowed async result", yb, want)
+        side = torch.cuda.Stream(self.device)
+        overlapped = 0
+        for late in range(self.P):
+            dist.barrier()
+            if self.rank == late:
+                time.sleep(0.5)
+            z = self.group.all_to_all_single_4d(x, 0, "acts", **self.splits(case))
+            queued = torch.ones(64, device=self.device) * 3  # caller-stream work after the call
+            after = torch.cuda.Event()
+            after.record()
+            with torch.cuda.stream(side):
+                used = z * 1  # the first use: the side stream waits for the transfer
+                done = torch.cuda.Event()
+                done.record(side)
+            after.synchronize()
+            pending = not done.query()
+            side.synchronize()
+            self.expect("async result after a late peer", used, want)
+            assert queued.sum().item() == 192
+            if self.rank != late:
+                assert pending, (f"rank {self.rank}: the caller's next kernel waited for the "
+                                 f"transfer (rank {late} was late by 0.5 s)")
+                overlapped += 1
+        self.passed.append(f"async results: caller-stream work ran beside {overlapped} pending "
+                           "transfers")

@@ -241,10 +241,27 @@ def check_watchdog(pg, rank, world_size, device) -> str:
     return "a late peer: the watchdog reports the stuck handshake, then the call completes"
 
 
+def check_unwaited(pg, rank, world_size, device) -> str:
+    """Results never used leave nothing in c10d's registry of unwaited work once destroy()
+    returns (torch would otherwise warn about unwaited collectives at exit)."""
+    registry_size = torch._C._distributed_c10d._get_work_registry_size
+    before = registry_size()
+    group = fu.UlyssesGroup(pg, 1 << 20)
+    x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
+    for i in range(40):
+        group.all_to_all_single_4d(x, 0, "dropped")
+        group.all_to_all_single_4d_borrowed(x, 0, f"dropped-b{i % 3}")
+    held = registry_size() - before
+    group.destroy()
+    after = registry_size() - before
+    assert after == 0, f"rank {rank}: {after} unwaited works left after destroy() ({held} before)"
+    return f"80 results never used: {held} works held, 0 after destroy()"
+
+
 # Every check, in run order (tests/gpu runs one pytest test per check and P).
-CHECKS = ("matrix", "async_consumer", "borrowed_lifetime", "deferred_barrier", "bad_calls",
-          "back_to_back", "eager_graphs", "reserve_and_recreate", "tag_rules", "debug_mode",
-          "watchdog")
+CHECKS = ("matrix", "async_consumer", "async_result", "borrowed_lifetime", "deferred_barrier",
+          "bad_calls", "aliasing", "out", "back_to_back", "eager_graphs", "reserve_and_recreate",
+          "tag_rules", "unwaited", "debug_mode", "watchdog")
 
 
 def check_names(world_size: int) -> list[str]:
@@ -273,6 +290,9 @@ def main() -> int:
         "matrix": checker.check_matrix, "async_consumer": checker.check_async_consumer,
         "borrowed_lifetime": checker.check_borrowed_lifetime,
         "deferred_barrier": checker.check_deferred_barrier, "bad_calls": checker.check_bad_calls,
+        "async_result": checker.check_async_result, "aliasing": checker.check_aliasing,
+        "out": checker.check_out,
+        "unwaited": lambda: check_unwaited(pg, rank, world_size, device),
         "back_to_back": lambda: checker.check_back_to_back(args.iterations),
         "eager_graphs": checker.check_eager_graphs,
         "reserve_and_recreate": lambda: check_reserve_and_recreate(pg, rank, world_size, device,
@@ -298,7 +318,12 @@ def main() -> int:
               f"{'simulate + TorchUlyssesGroup' if ref is not None else 'simulate'}")
         print(f"{len(passed)} passed, 0 failed")
     report.finish()
-    dist.destroy_process_group()
+    # A group never destroyed, its last result never used: the process must still exit without
+    # torch's warning about unwaited collectives (tests/gpu checks the output).
+    leftover = fu.UlyssesGroup(pg, 1 << 20)
+    leftover.all_to_all_single_4d(torch.ones(1, 4, 2 * world_size, 64, device=device), 0, "exit")
+    torch.cuda.synchronize()
+    dist.barrier()
     return 0
 
 

@@ -44,6 +44,9 @@ def test_a2a_run_ends_cleanly(shared_gpu_runs, nproc):
     n = len(a2a_correctness.check_names(nproc))
     assert re.search(rf"^{n} passed, 0 failed$", run.ranks[0].output, re.MULTILINE), \
         run.describe()
+    for r in run.ranks:  # the worker exits with a group never destroyed, a result never used
+        assert "unwaited" not in r.output, f"rank {r.rank} warned of unwaited work:\n" + \
+            run.describe()
     print(run.ranks[0].output)
 
 
@@ -83,11 +86,30 @@ def test_watchdog_abort_ends_a_hung_job(tmp_path):
     assert sleeper.returncode is None, f"rank 1 was not still asleep\n{run.describe()}"
 
 
+@needs_gpu
+@pytest.mark.parametrize("nproc", (2, 3))
+def test_fast_path_split_mismatch_ends_in_the_watchdogs_report(tmp_path, nproc):
+    """Rank 0 passes head_splits, the others do not (no FAST_ULYSSES_DEBUG): no byte of a
+    mismatched call reaches a peer's window, another tag's window is intact, and every rank's
+    watchdog reports the call naming the peer whose release was for a different call, then ends
+    the process (tests/distributed/fast_mismatch.py)."""
+    worker = WORKER.with_name("fast_mismatch.py")
+    env = dict(SHARED_GPU_ENV, FAST_ULYSSES_WATCHDOG_S="5", FAST_ULYSSES_WATCHDOG_ACTION=None)
+    run = launch(worker, nproc, tmp_path, timeout=120, env=env)
+    for r in run.ranks:
+        assert f"rank {r.rank}: windows intact" in r.output, run.describe()
+        assert r.returncode not in (None, 0), f"rank {r.rank} was not ended\n{run.describe()}"
+        assert "of tag 'bad' has not completed after" in r.output, run.describe()
+        assert "for a different call (signature 0x" in r.output, run.describe()
+        assert "the watchdog did not end the process" not in r.output, run.describe()
+
+
 # -- the worker's own pieces, on CPU --------------------------------------------------------
 
 WATCHDOG_REPORT = (
     "fast-ulysses watchdog: group '3': rank 0: call #1 of tag 'late' has not completed after 2 s."
-    " Flags on this rank, per peer: held (1 = peer has not released its window yet) [- 1 0]"
+    " Flags on this rank, per peer: held (1 = peer has not released its window yet; otherwise"
+    " the signature of the call it released it for) [- 1 2147483649]"
     " held-owned [- 0 0] landed (1 = peer's chunk arrived, not yet consumed) [- 0 1]. A peer"
     " that lags is stuck, has died, or issued a different call sequence (set"
     " FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks).")

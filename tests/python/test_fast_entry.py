@@ -131,3 +131,36 @@ def test_declines_under_a_torch_function_mode(entry):
 
     with Passing():
         assert getattr(cuda_module, entry)(*arguments(entry)) is NotImplemented
+
+
+def test_owned_out_fills_and_checks_out_on_meta(world1):
+    """owned_out reaches the out= op: its Meta kernel returns `out` itself and refuses an out of
+    the wrong shape or dtype, or a non-contiguous one, as torch.ops does (ValueError)."""
+    x = torch.zeros(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
+    args = arguments("owned", x, world1.group_name)
+    out = torch.empty(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
+    assert cuda_module.owned_out(*args, out) is out
+    op = torch.ops.fast_ulysses.all_to_all_single_4d_out
+    for bad, needle in ((torch.empty(1, 6, 4, 9, dtype=torch.bfloat16, device="meta"), "shape"),
+                        (torch.empty(1, 6, 4, 8, dtype=torch.float16, device="meta"), "dtype"),
+                        (torch.empty(1, 4, 6, 8, dtype=torch.bfloat16,
+                                     device="meta").transpose(1, 2), "contiguous")):
+        got = error_of(cuda_module.owned_out, [*args, bad])
+        assert got[0] is ValueError and needle in got[1], got
+        assert got == error_of(lambda *a: op(*a[:-1], out=a[-1]), [*args, bad]), got
+
+
+def test_owned_out_declines_what_it_was_not_built_for():
+    args = arguments("owned")
+    assert cuda_module.owned_out(*args, [1]) is NotImplemented  # out not a tensor
+    assert cuda_module.owned_out(*args) is NotImplemented  # no out
+
+
+def test_set_defer_says_whether_the_last_call_deferred():
+    """set_defer(flag) returns whether the last call on this thread left its wait to its result:
+    never for a call that raised before reaching a group."""
+    args = arguments("owned")
+    cuda_module.set_defer(True)
+    with pytest.raises(ValueError):
+        torch.ops.fast_ulysses.all_to_all_single_4d(*args)
+    assert cuda_module.set_defer(False) is False
