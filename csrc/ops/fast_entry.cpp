@@ -160,6 +160,7 @@ PyObject* call_below_autograd(const Arguments& a, bool defer, Op&& op) {
     at::AutoDispatchBelowAutograd below;
     transport::JoinRequest& join = transport::join_request();
     join.defer = defer;
+    join.deferred = false;  // (a call that never reaches a group, a Meta one, defers nothing)
     try {
       out = op(x);
     } catch (...) {
@@ -217,8 +218,10 @@ PyObject* owned_out(PyObject* /*module*/, PyObject* const* args, Py_ssize_t coun
 // to their result; returns whether the last call did.
 PyObject* set_defer(PyObject* /*module*/, PyObject* flag) {
   transport::JoinRequest& join = transport::join_request();
+  const bool deferred = join.deferred;
   join.defer = flag == Py_True;
-  if (join.deferred) Py_RETURN_TRUE;
+  join.deferred = false;
+  if (deferred) Py_RETURN_TRUE;
   Py_RETURN_FALSE;
 }
 
