@@ -141,8 +141,10 @@ class Checker:
         self.expect("borrowed b", b, wb)
         a2 = self.group.all_to_all_single_4d_borrowed(xa2[self.rank].to(self.device), 0,
                                                       "life-a", **self.splits(case))
-        self.expect("borrowed a overwritten by the next call with its tag", a, wa2)
+        # (a2's first use orders the stream after its transfer; the old handle `a` is no longer
+        # a valid result, read here only to show the window was overwritten.)
         self.expect("the new borrowed a", a2, wa2)
+        self.expect("borrowed a overwritten by the next call with its tag", a, wa2)
         self.expect("borrowed b untouched by tag a", b, wb)
         self.passed.append("borrowed lifetime")
 
@@ -400,9 +402,8 @@ class Checker:
             ("shape", torch.empty((shape[0] + 1, *shape[1:]), dtype=case.dtype,
                                   device=self.device), "shape"),
             ("device", torch.empty(shape, dtype=case.dtype), "out is on cpu"),
-            ("non-contiguous", torch.empty((shape[1], shape[0], *shape[2:]), dtype=case.dtype,
-                                           device=self.device).transpose(0, 1),
-             "not contiguous"),
+            ("non-contiguous", torch.empty((*shape[:-1], 2 * shape[-1]), dtype=case.dtype,
+                                           device=self.device)[..., ::2], "not contiguous"),
         ]
         for name, buf, needle in wrong:
             self.expect_refused(f"out= with a wrong {name}", lambda: self.group.all_to_all_single_4d(
@@ -445,12 +446,21 @@ class Checker:
         self.expect("owned async result", y, want)
         self.expect("borrowed async result", yb, want)
         side = torch.cuda.Stream(self.device)
+        # Every kernel the loop launches, launched once first: with CUDA's lazy module loading
+        # (torch's default) the first launch of a kernel may wait for the whole device, a
+        # transfer that waits for a late peer included.
+        (torch.ones(64, device=self.device) * 3).sum().item()
+        with torch.cuda.stream(side):
+            (y.wait() * 1).sum().item()
+        torch.cuda.synchronize()
         overlapped = 0
         for late in range(self.P):
             dist.barrier()
             if self.rank == late:
                 time.sleep(0.5)
+            t0 = time.perf_counter()
             z = self.group.all_to_all_single_4d(x, 0, "acts", **self.splits(case))
+            t1 = time.perf_counter()
             queued = torch.ones(64, device=self.device) * 3  # caller-stream work after the call
             after = torch.cuda.Event()
             after.record()
@@ -458,14 +468,18 @@ class Checker:
                 used = z * 1  # the first use: the side stream waits for the transfer
                 done = torch.cuda.Event()
                 done.record(side)
+            t2 = time.perf_counter()
             after.synchronize()
+            t3 = time.perf_counter()
             pending = not done.query()
             side.synchronize()
             self.expect("async result after a late peer", used, want)
             assert queued.sum().item() == 192
             if self.rank != late:
-                assert pending, (f"rank {self.rank}: the caller's next kernel waited for the "
-                                 f"transfer (rank {late} was late by 0.5 s)")
+                assert pending, (
+                    f"rank {self.rank}: the caller's next kernel waited for the transfer (rank "
+                    f"{late} was late by 0.5 s); host ms: call {1e3 * (t1 - t0):.1f}, queue "
+                    f"{1e3 * (t2 - t1):.1f}, caller-stream sync {1e3 * (t3 - t2):.1f}")
                 overlapped += 1
         self.passed.append(f"async results: caller-stream work ran beside {overlapped} pending "
                            "transfers")

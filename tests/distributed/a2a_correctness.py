@@ -259,9 +259,9 @@ def check_unwaited(pg, rank, world_size, device) -> str:
 
 
 # Every check, in run order (tests/gpu runs one pytest test per check and P).
-CHECKS = ("matrix", "async_consumer", "async_result", "borrowed_lifetime", "deferred_barrier",
-          "bad_calls", "aliasing", "out", "back_to_back", "eager_graphs", "reserve_and_recreate",
-          "tag_rules", "unwaited", "debug_mode", "watchdog")
+CHECKS = ("matrix", "async_consumer", "borrowed_lifetime", "deferred_barrier", "bad_calls",
+          "aliasing", "out", "back_to_back", "eager_graphs", "async_result",
+          "reserve_and_recreate", "tag_rules", "unwaited", "debug_mode", "watchdog")
 
 
 def check_names(world_size: int) -> list[str]:

@@ -45,6 +45,7 @@ def main() -> int:
     group.all_to_all_single_4d_borrowed(torch.randn(4, s, heads, d, device="cuda").to(
         torch.bfloat16), 0, "bad")
     torch.cuda.synchronize()
+    side = torch.cuda.Stream()
     dist.barrier()
     marker = float(256 * (rank + 1))  # exact in bf16, never drawn by randn
     bad_in = torch.full((1, s, heads, d), marker, dtype=torch.bfloat16, device="cuda")
@@ -52,13 +53,14 @@ def main() -> int:
     print(f"rank {rank}: mismatched call, head_splits={splits}", flush=True)
     bad = group.all_to_all_single_4d_borrowed(bad_in, 0, "bad", head_splits=splits)
     window = bad.elem if hasattr(bad, "elem") else bad
-    side = torch.cuda.Stream()
     time.sleep(1.0)  # a peer's copies, had any been issued, would have landed by now
+    # Device-to-host copies on a stream of their own, and no kernel: the caller's stream and the
+    # communication stream wait for the peers, and with CUDA's lazy module loading the first
+    # launch of a kernel could wait for the whole device.
     with torch.cuda.stream(side):
-        kept = keep.elem.clone() if hasattr(keep, "elem") else keep.clone()
-        seen = window.clone()
-    side.synchronize()
-    assert torch.equal(kept.cpu(), keep_want), f"rank {rank}: the window of 'keep' changed"
+        kept = (keep.elem if hasattr(keep, "elem") else keep).to("cpu")
+        seen = window.to("cpu")
+    assert torch.equal(kept, keep_want), f"rank {rank}: the window of 'keep' changed"
     for peer in range(P):
         if peer != rank:
             stray = (seen == 256 * (peer + 1)).sum().item()
