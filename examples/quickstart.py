@@ -10,6 +10,7 @@ of the copy plan the fast path issues, and the plan of Wan 2.1 720p on 8 ranks i
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -71,6 +72,8 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
 
 
 def main() -> int:
+    # No options: the machine decides the ranks. Anything else given is a usage error (exit 2).
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 1
     world_size = min(torch.cuda.device_count(), 8) if use_gpu else 4
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import sys
 import tempfile
@@ -36,6 +37,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import fast_ulysses as fu
+from fast_ulysses.plan import limits
 
 
 def even_splits(total: int, parts: int) -> list[int]:
@@ -175,16 +177,71 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
     os._exit(0 if ok.item() else 1)
 
 
+def count(example: int, maximum: int | None = None):
+    """An argparse type: an integer >= 1 (and <= maximum); a refusal names the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not an integer (e.g. {example})") from None
+        if value < 1 or (maximum is not None and value > maximum):
+            rule = ">= 1" if maximum is None else f"in [1, {maximum}]"
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is out of range: it must be {rule} (e.g. {example})")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def finite(text: str) -> float:
+    """An argparse type: a finite float."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number (e.g. 0.5)")
+    return value
+
+
+def check(args, world_size: int, use_gpu: bool) -> str:
+    """What in `args` this run cannot take on `world_size` ranks ("" when nothing)."""
+    if args.heads < world_size:
+        return (f"--heads is {args.heads}: it must be at least the {world_size} ranks, one head "
+                f"or more on every rank (e.g. --heads {max(world_size, 12)})")
+    if args.seq < world_size:
+        return (f"--seq is {args.seq}: it must be at least the {world_size} ranks, one row or "
+                f"more on every rank (e.g. --seq {max(world_size, 1001)})")
+    if args.head_dim % 2:
+        return (f"--head-dim is {args.head_dim}: it must be even, RoPE rotates pairs of "
+                f"channels (e.g. --head-dim {args.head_dim + 1})")
+    dim = args.heads * args.head_dim
+    element_size = 2 if use_gpu else 4  # bfloat16 on GPUs, float32 on the CPU
+    limit = limits()["max_bytes"]  # fast-ulysses' limit on one tensor
+    for what, nbytes in ((f"--batch {args.batch} --seq {args.seq} --heads {args.heads} "
+                          f"--head-dim {args.head_dim}: an activation",
+                          args.batch * args.seq * dim * element_size),
+                         (f"--heads {args.heads} --head-dim {args.head_dim}: a projection "
+                          "weight", dim * dim * element_size)):
+        if nbytes > limit:
+            return (f"{what} is {nbytes:.4g} bytes: it must be at most 2^"
+                    f"{limit.bit_length() - 1} bytes (fast_ulysses.plan.limits())")
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=1001, help="total sequence length")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3, help="SGD steps")
-    parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument("--nproc", type=int, default=3,
-                        help="ranks without a GPU, or with --shared-gpu")
+    parser.add_argument("--heads", type=count(12), default=12)
+    parser.add_argument("--head-dim", type=count(64), default=64, help="an even number")
+    parser.add_argument("--seq", type=count(1001), default=1001, help="total sequence length")
+    parser.add_argument("--batch", type=count(1), default=1)
+    parser.add_argument("--steps", type=count(3), default=3, help="SGD steps")
+    parser.add_argument("--lr", type=finite, default=0.5)
+    parser.add_argument("--nproc", type=count(3, maximum=8), default=3,
+                        help="ranks without a GPU, or with --shared-gpu (1 to 8)")
     parser.add_argument("--shared-gpu", action="store_true",
                         help="--nproc ranks sharing the first GPU (a testing mode)")
     args = parser.parse_args()
@@ -196,6 +253,9 @@ def main() -> int:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     world_size = args.nproc if args.shared_gpu or not use_gpu else \
         min(torch.cuda.device_count(), 8)
+    problem = check(args, world_size, use_gpu)
+    if problem:
+        parser.error(problem)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             mp.spawn(worker, args=(world_size, os.path.join(tmp, "store"), use_gpu, args),

@@ -97,12 +97,28 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
     os._exit(0 if worst.item() <= tolerance else 1)
 
 
+def rank_count(text: str) -> int:
+    """An argparse type: a rank count, 1 to 8 (one node)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (e.g. 3)") from None
+    if not 1 <= value <= 8:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: it must be in [1, 8] "
+                                         "(e.g. 3)")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=None,
-                        help="ranks (default: one per GPU up to 8, or 3 CPU ranks)")
+    parser.add_argument("--ranks", type=rank_count, default=None,
+                        help="ranks, 1 to 8 (default: one per GPU up to 8, or 3 CPU ranks)")
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
+    if use_gpu and args.ranks and args.ranks > torch.cuda.device_count():
+        parser.error(f"--ranks is {args.ranks}: it must be at most the "
+                     f"{torch.cuda.device_count()} visible GPUs, one rank per GPU (e.g. --ranks "
+                     f"{torch.cuda.device_count()})")
     world_size = args.ranks or (min(torch.cuda.device_count(), 8) if use_gpu else 3)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,9 +11,10 @@ from typing import Sequence
 
 import torch
 
+from ._ints import as_int, as_ints, check_int64
 from ._ops import ops
 from .api import as_mode, as_splits
-from .errors import FastUlyssesError
+from .errors import FastUlyssesError, refused
 
 # Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.
 LAYOUTS = tuple(ops.layouts())
@@ -26,11 +27,43 @@ def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: 
     the plan's own (csrc/plan), the one place a rank's shape is computed. Mode as for `plan`.
 
     Raises:
-        ValueError with the plan's message for a call it rejects.
+        FastUlyssesError (a ValueError) naming the argument: an integer argument or split that
+        is not an int64-sized int (a float, a bool, 2**63), splits left None, or the plan's
+        message for a call it rejects.
     """
-    shape, _ = ops.shapes(world_size, rank, as_mode(mode), batch, head_dim,
-                          list(seq_splits), list(head_splits), layout)
+    try:
+        world_size, rank = as_int(world_size, "world_size"), as_int(rank, "rank")
+        mode = _mode(mode)
+        batch, head_dim = as_int(batch, "batch"), as_int(head_dim, "head_dim")
+        splits = [_splits(seq_splits, "seq_splits"), _splits(head_splits, "head_splits")]
+        for values, name in zip(splits, ("seq_splits", "head_splits")):
+            if values is None:
+                raise FastUlyssesError(f"{name} is None: input_shape takes explicit splits, one "
+                                       "per rank (e.g. fast_ulysses.presets.even_splits)")
+        shape, _ = ops.shapes(world_size, rank, mode, batch, head_dim, *splits,
+                              _layout(layout))
+    except ValueError as error:
+        raise refused(error) from None
     return tuple(shape)
+
+
+def _mode(mode) -> int:
+    """`mode` as the plan's int: `as_mode`'s rule, then int64 (the plan checks 0 or 1)."""
+    if type(mode) is int and 0 <= mode <= 1:  # (the per-call case)
+        return mode
+    return as_int(as_mode(mode), "mode")
+
+
+def _splits(values, name: str) -> list[int] | None:
+    """`as_splits`'s rule (the groups'), then int64."""
+    return check_int64(as_splits(values, name), name)
+
+
+def _layout(layout) -> str:
+    """`layout` when it is a str (the plan checks its value)."""
+    if type(layout) is not str:
+        raise FastUlyssesError(f"layout is {layout!r}: it must be 'bshd', 'sbhd' or 'bhsd'")
+    return layout
 
 
 def limits() -> dict[str, int]:
@@ -121,8 +154,11 @@ class Plan(list):
 
 
 def _element_size(dtype) -> int:
-    if isinstance(dtype, int) and not isinstance(dtype, bool):
-        return dtype
+    if type(dtype) is int or (hasattr(dtype, "__index__") and not isinstance(dtype, bool)):
+        return as_int(dtype, "dtype")  # an element size in bytes (the plan checks 1, 2 or 4)
+    if isinstance(dtype, float):
+        raise FastUlyssesError(f"dtype is {dtype!r}: an element size must be an int (e.g. "
+                               "2), or give a torch.dtype or a name such as 'bf16'")
     # The groups' own dtype rule (the check_input op), on a Meta tensor: the same message for a
     # dtype the groups refuse (bool, complex, 8 bytes), not only for its byte count.
     meta = torch.empty((1, 1, 1, 1), dtype=resolve_dtype(dtype), device="meta")
@@ -150,13 +186,20 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
         A `Plan`: a list of `CopyDescriptor`, one per peer in rank order.
 
     Raises:
-        ValueError naming the argument, the value and the rule it breaks.
+        FastUlyssesError (a ValueError) naming the argument, the value and the rule it breaks:
+        world_size, rank, mode, the shape's entries, an element size and the splits must be
+        int64-sized ints (not floats, bools or 2**63), then the plan's rules.
     """
-    mode = as_mode(mode)
-    element_size = _element_size(dtype)
-    rows, output_shape, seq, heads, window_bytes = ops.plan(
-        world_size, rank, mode, list(shape), element_size,
-        as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits"), layout)
+    try:
+        world_size, rank = as_int(world_size, "world_size"), as_int(rank, "rank")
+        mode = _mode(mode)
+        shape = as_ints(shape, "shape")
+        element_size = _element_size(dtype)
+        rows, output_shape, seq, heads, window_bytes = ops.plan(
+            world_size, rank, mode, shape, element_size, _splits(seq_splits, "seq_splits"),
+            _splits(head_splits, "head_splits"), _layout(layout))
+    except ValueError as error:
+        raise refused(error) from None
     columns = ops.descriptor_fields()  # the C++ column order, by name
     descriptors = [CopyDescriptor(**dict(zip(columns, row))) for row in rows.tolist()]
     return Plan(descriptors, world_size=world_size, rank=rank, mode=mode, layout=layout,
@@ -173,10 +216,32 @@ def simulate(inputs: Sequence[torch.Tensor], mode: int, *,
     `Mode`. Each rank's plan is
     executed with memcpy into per-rank windows of `window_bytes`, exactly the addressing the GPU
     transport issues, and output r is read from the start of window r.
+
+    Raises:
+        FastUlyssesError (a ValueError) naming the argument: `inputs` that is not a sequence of
+        tensors of one dtype, or anything `plan` refuses for a rank.
     """
+    try:
+        return _simulate(inputs, mode, seq_splits, head_splits, layout)
+    except ValueError as error:
+        raise refused(error) from None
+
+
+def _simulate(inputs, mode, seq_splits, head_splits, layout) -> list[torch.Tensor]:
+    try:
+        if isinstance(inputs, (torch.Tensor, str, bytes)):
+            raise TypeError
+        inputs = list(inputs)
+    except TypeError:
+        raise FastUlyssesError(f"inputs is a {type(inputs).__name__}: it must be a sequence of "
+                               "tensors, one per rank") from None
     world_size = len(inputs)
     if world_size == 0:
         raise FastUlyssesError("inputs is empty: pass one tensor per rank")
+    for r, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            raise FastUlyssesError(f"inputs[{r}] is a {type(x).__name__}: it must be a "
+                                   "torch.Tensor, one per rank")
     dtype = inputs[0].dtype
     for r, x in enumerate(inputs):
         if x.dtype != dtype:

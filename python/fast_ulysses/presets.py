@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from .errors import FastUlyssesError
+
+from ._ints import as_int
+from .errors import FastUlyssesError, refused
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,17 @@ def even_splits(total: int, world_size: int) -> list[int]:
 def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
     """This rank's input shape (bshd), dtype and splits for a preset. Splits are passed only
     where they are uneven, so even presets exercise the default path. An unknown preset, or a
-    world_size or rank the plan rejects, raises ValueError (for those two, the plan's own)."""
+    world_size or rank the plan rejects, raises FastUlyssesError (a ValueError; for those two,
+    past the int rule of `fast_ulysses.plan`, the plan's own)."""
     if name not in PRESETS:
         raise FastUlyssesError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
     p = PRESETS[name]
     from ._ops import ops  # the plan's range first: even_splits builds a list of world_size
-    ops.check_group(world_size, rank)
+    world_size, rank = as_int(world_size, "world_size"), as_int(rank, "rank")
+    try:
+        ops.check_group(world_size, rank)
+    except ValueError as error:
+        raise refused(error) from None
     seq = even_splits(p.seq_len, world_size)
     heads = even_splits(p.heads, world_size)
     from .plan import input_shape  # world_size or rank out of range: the plan states the rule

@@ -397,3 +397,72 @@ def test_own_share_bytes_are_this_ranks_chunk():
     assert own_share_bytes(case, 0, 1, x0) == 1 * 5 * 4 * 16 * 2
     x1 = torch.empty(case.input_shape(1, 1), dtype=torch.bfloat16)  # (1, 8, 4, 16)
     assert own_share_bytes(case, 1, 1, x1) == 1 * 5 * 4 * 16 * 2
+
+
+BEYOND = "is beyond int64: it must be in [-2^63, 2^63 - 1]"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--shape", "a,b"], "argument --shape: 'a,b': 'a' is not an integer"),
+    (["--shape", "1,2,3"], "argument --shape: '1,2,3': it must be 4 comma-separated integers"),
+    (["--shape", "1,0,4,8"], "argument --shape: '1,0,4,8': it must be 4 comma-separated integers"),
+    (["--shape", f"1,2,3,{2 ** 63}"], f"argument --shape: '1,2,3,{2 ** 63}': '{2 ** 63}' {BEYOND}"),
+    (["--iters", "0"], "argument --iters: '0' is out of range: it must be >= 1 (e.g. 50)"),
+    (["--iters", "2.5"], "argument --iters: '2.5' is not an integer (e.g. 50)"),
+    (["--warmup", "-1"], "argument --warmup: '-1' is out of range: it must be >= 0"),
+    (["--warmup", str(2 ** 63)], f"argument --warmup: '{2 ** 63}' {BEYOND}"),
+    (["--text-tokens", "-1"], "argument --text-tokens: '-1' is out of range: it must be >= 0"),
+    (["--gemm-size", "0"], "argument --gemm-size: '0' is out of range: it must be >= 1"),
+    (["--gemms", "x"], "argument --gemms: 'x' is not an integer (e.g. 4 or auto)"),
+    (["--gemms", str(2 ** 64)], f"argument --gemms: '{2 ** 64}' {BEYOND}"),
+    (["--overlap-repeats", "0"], "argument --overlap-repeats: '0' is out of range"),
+    (["--nproc", "0"], "argument --nproc: '0' is out of range: it must be in [1, 8]"),
+    (["--nproc", "9"], "argument --nproc: '9' is out of range: it must be in [1, 8]"),
+    (["--nproc", str(2 ** 63)], f"argument --nproc: '{2 ** 63}' {BEYOND}"),
+    (["--modes", "0,2"], "argument --modes: '0,2': every mode must be 0 or 1"),
+    (["--modes", "x"], "argument --modes: 'x': 'x' is not an integer"),
+    (["--shape", "1,1000000000,1000000,128"],
+     "--shape 1,1000000000,1000000,128 on 8 ranks, mode 0: tensor of 1.28e+17 bytes: larger "
+     "than the 2^50-byte limit"),
+    (["--preset", "wan-720p", "--text-tokens", str(2 ** 63 - 1)],
+     f"--preset wan-720p with --text-tokens {2 ** 63 - 1} on 8 ranks, mode 0: "),
+])
+def test_bench_checks_every_argument_before_the_gpu(capsys, argv, message):
+    """A bad argument is one usage line naming it (exit 2), on any machine: no "no CUDA GPU",
+    no traceback, no rank spawned."""
+    try:
+        code = bench.main(argv)
+    except SystemExit as stop:  # argparse's usage error
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("fast-ulysses bench: error: "), err
+    assert message in line, (message, line)
+    assert "no CUDA GPU" not in err and "Traceback" not in err
+
+
+def test_bench_check_plans_every_case():
+    """Every preset and a valid --shape check clean; one tensor past the plan's limit, and the
+    padded twin of a sequence the ranks do not divide, are named as the case they come from."""
+    assert bench.check(_args(shape="1,100,12,128", nproc=4), 4) == ""
+    assert bench.check(_args(), 8) == ""
+    assert bench.check(_args(shape="1,1073741824,4096,128"), 2) == ""  # 2^50 bytes: the limit
+    assert bench.check(_args(shape="1,1073741825,4096,128"), 2).startswith(
+        "--shape 1,1073741825,4096,128 on 2 ranks, mode 0: tensor of ")
+    rows = 2 ** 50 // (3 * 128 * 2)  # the most rows of 3 heads that fit, not a multiple of 8
+    problem = bench.check(_args(shape=f"1,{rows},3,128"), 8)
+    assert problem.startswith(f"--shape 1,{rows},3,128 (padded) on 8 ranks, mode 0: tensor of ")
+
+
+@pytest.mark.parametrize("world_size,rank,message", [
+    (2 ** 63, 0, f"world_size is {2 ** 63}: it must fit in int64"),
+    (8, 2.0, "rank is 2.0: it must be an int (e.g. 2)"),
+    (True, 0, "world_size is True: it must be an int, not a bool"),
+    (9, 0, "world_size=9: must be in [1, 8]"),
+    (8, -1, "rank=-1: must be in [0, world_size=8)"),
+])
+def test_a_preset_refuses_what_the_plan_refuses_by_name(world_size, rank, message):
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        preset_call("wan-720p", world_size, rank)
+    assert str(info.value).startswith(message), str(info.value)

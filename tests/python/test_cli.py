@@ -76,3 +76,21 @@ def test_doctor_help():
     assert result.returncode == 0, result.stderr
     assert "--json" in result.stdout and "--no-symm-init" in result.stdout
     assert "(default: False)" not in result.stdout
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("bench", "--shape", "a,b"), "fast-ulysses bench: error: argument --shape: 'a,b': 'a' is "
+                                  "not an integer"),
+    (("bench", "--nproc", str(2 ** 63)), f"fast-ulysses bench: error: argument --nproc: "
+                                         f"'{2 ** 63}' is beyond int64"),
+    (("plan", "--preset", "wan-720p", "--world-size", str(2 ** 64)),
+     f"fast-ulysses plan: error: argument --world-size: '{2 ** 64}' is beyond int64"),
+])
+def test_a_bad_integer_is_one_usage_line_on_any_machine(argv, message):
+    """The installed command's way in: exit 2, the last stderr line names the option, no
+    traceback; bench says so before it looks for a GPU."""
+    result = run(*argv)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+    assert "no CUDA GPU" not in result.stderr

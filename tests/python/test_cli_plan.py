@@ -170,3 +170,49 @@ def test_plan_lse_rows_of_four_bytes():
 def test_plan_unknown_layout_is_a_usage_error():
     result = run_cli("plan", "--shape", "1,4,8,64", "--world-size", "2", "--layout", "bsdh")
     _assert_usage_error(result, "--layout", "bhsd")
+
+
+BEYOND = "is beyond int64: it must be in [-2^63, 2^63 - 1]"
+
+
+@pytest.mark.parametrize("call,option,value", [
+    ("--preset", "--world-size", str(2 ** 63)),
+    ("--shape", "--world-size", str(-(2 ** 63) - 1)),
+    ("--preset", "--rank", str(2 ** 64)),
+    ("--shape", "--rank", str(2 ** 63)),
+])
+def test_plan_option_beyond_int64_is_a_usage_error(call, option, value):
+    """An integer the ops cannot take is argparse's one-line error naming the option, not a
+    traceback from the op's schema."""
+    given = {"--world-size": "8", "--rank": "0", option: value}
+    args = ["plan", *(["--preset", "wan-720p"] if call == "--preset" else
+                      ["--shape", "1,100,16,128"])]
+    for name, text in given.items():
+        args += [name, text]
+    _assert_usage_error(run_cli(*args), f"argument {option}: '{value}' {BEYOND}")
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--shape", 2 ** 63), ("--shape", -(2 ** 63) - 1), ("--seq-splits", 2 ** 64),
+    ("--head-splits", 2 ** 63),
+])
+def test_plan_list_entry_beyond_int64_is_a_usage_error(option, value):
+    args = ["plan", "--world-size", "2"]
+    args += [option, f"1,100,16,{value}"] if option == "--shape" else [
+        "--shape", "1,100,16,128", option, f"1,{value}"]
+    _assert_usage_error(run_cli(*args), f"argument {option}: ", f"'{value}' {BEYOND}")
+
+
+@pytest.mark.parametrize("option,value,example", [
+    ("--world-size", "2.0", 8), ("--rank", "True", 0), ("--mode", "1.0", 0),
+])
+def test_plan_non_integer_option_names_it(option, value, example):
+    args = ["plan", "--shape", "1,100,16,128", "--world-size", "2", option, value]
+    _assert_usage_error(run_cli(*args),
+                        f"argument {option}: '{value}' is not an integer (e.g. {example})")
+
+
+def test_plan_integer_too_long_to_read_is_beyond_int64():
+    """More digits than int() reads (4300) is still an integer past int64, not a traceback."""
+    result = run_cli("plan", "--shape", "1,100,16," + "9" * 5000, "--world-size", "2")
+    _assert_usage_error(result, "argument --shape: ", BEYOND)

@@ -159,3 +159,115 @@ def test_zero_row_rank():
     want = reference(xs, 0, [0, 3, 2], [1, 1, 1], "bshd")
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert fu.plan(3, 0, 0, xs[0].shape, torch.float16, seq_splits=[0, 3, 2]).total_bytes == 0
+
+
+SHAPE = (1, 4, 8, 64)
+BEYOND = "it must fit in int64 (-2^63 to 2^63 - 1)"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(world_size=2.0), "world_size is 2.0: it must be an int (e.g. 2)"),
+    (dict(world_size=True), "world_size is True: it must be an int, not a bool"),
+    (dict(world_size="2"), "world_size is '2': it must be an int (e.g. 2)"),
+    (dict(world_size=2 ** 63), f"world_size is 9223372036854775808: {BEYOND}"),
+    (dict(world_size=2 ** 64), f"world_size is 18446744073709551616: {BEYOND}"),
+    (dict(world_size=-(2 ** 63) - 1), f"world_size is -9223372036854775809: {BEYOND}"),
+    (dict(rank=0.0), "rank is 0.0: it must be an int (e.g. 0)"),
+    (dict(rank=False), "rank is False: it must be an int, not a bool"),
+    (dict(rank=2 ** 63), f"rank is 9223372036854775808: {BEYOND}"),
+    (dict(mode=2 ** 63), f"mode is 9223372036854775808: {BEYOND}"),
+    (dict(shape=(1, 4, 8.0, 64)), "shape[2] is 8.0: it must be an int (e.g. 8)"),
+    (dict(shape=(1, 4, 8, True)), "shape[3] is True: it must be an int, not a bool"),
+    (dict(shape=(1, "4", 8, 64)), "shape[1] is '4': it must be an int (e.g. 4)"),
+    (dict(shape=(1, 4, 8, 2 ** 63)), f"shape[3] is 9223372036854775808: {BEYOND}"),
+    (dict(shape=(1, 2 ** 70, 8, 64)), f"shape[1] is {2 ** 70}: {BEYOND}"),
+    (dict(shape="1,4,8,64"), "shape is '1,4,8,64': it must be a sequence of ints"),
+    (dict(shape=None), "shape is None: it must be a sequence of ints"),
+    (dict(dtype=2.0), "dtype is 2.0: an element size must be an int (e.g. 2)"),
+    (dict(dtype=2 ** 63), f"dtype is 9223372036854775808: {BEYOND}"),
+    (dict(seq_splits=[2 ** 63, 4]), f"seq_splits[0] is 9223372036854775808: {BEYOND}"),
+    (dict(head_splits=[4, -(2 ** 64)]), f"head_splits[1] is -18446744073709551616: {BEYOND}"),
+    (dict(layout=3), "layout is 3: it must be 'bshd', 'sbhd' or 'bhsd'"),
+])
+def test_plan_refuses_what_is_no_int64_by_name(kwargs, message):
+    """Floats, bools, strings and integers past int64 are refused by argument and value as a
+    FastUlyssesError, never by the op's schema (a RuntimeError) nor narrowed."""
+    call = dict(world_size=2, rank=0, mode=0, shape=SHAPE, dtype=torch.bfloat16) | kwargs
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        fu.plan(**call)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(world_size=9), "world_size=9: must be in [1, 8]"),
+    (dict(world_size=-2), "world_size=-2: must be in [1, 8]"),
+    (dict(rank=-1), "rank=-1: must be in [0, world_size=2)"),
+    (dict(rank=2 ** 63 - 1), "rank=9223372036854775807: must be in [0, world_size=2)"),
+    (dict(mode=3), "mode=3"),
+    (dict(shape=(1, 4, 8, -1)), "negative dimension"),
+    (dict(dtype=3), "element_size=3: must be 1, 2 or 4 bytes"),
+    (dict(dtype=-2), "element_size=-2"),
+    (dict(seq_splits=[-1, 5]), "seq_splits[0]=-1: entries must be >= 0"),
+    (dict(head_splits=[2 ** 62, 2 ** 62]), "head_splits[0]=4611686018427387904"),
+])
+def test_plan_refusals_from_cpp_reach_the_caller_as_fast_ulysses_errors(kwargs, needle):
+    """The plan's own ValueErrors (negative where not allowed, out of range) arrive as
+    FastUlyssesError, the package's one refusal class."""
+    call = dict(world_size=2, rank=0, mode=0, shape=SHAPE, dtype=torch.bfloat16) | kwargs
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        fu.plan(**call)
+    assert needle in str(info.value)
+
+
+def test_plan_takes_any_integer_type_and_keeps_plain_ints():
+    """numpy and 0-d tensor integers are integers (as everywhere in the API): the plan takes
+    them, element size included, and its Plan holds plain ints."""
+    import numpy as np
+
+    p = fu.plan(np.int64(2), torch.tensor(1), 0, (np.int64(1), 4, torch.tensor(8), 64),
+                np.int64(2))
+    assert (p.world_size, p.rank, p.element_size) == (2, 1, 2)
+    assert p.input_shape == SHAPE
+    assert all(type(v) is int for v in (p.world_size, p.rank, p.element_size, *p.input_shape))
+
+
+IS = dict(world_size=2, rank=0, mode=0, batch=1, head_dim=8, seq_splits=[1, 1],
+          head_splits=[1, 1])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(world_size=2.0), "world_size is 2.0: it must be an int (e.g. 2)"),
+    (dict(rank=2 ** 63), f"rank is 9223372036854775808: {BEYOND}"),
+    (dict(batch=1.0), "batch is 1.0: it must be an int (e.g. 1)"),
+    (dict(batch=2 ** 63), f"batch is 9223372036854775808: {BEYOND}"),
+    (dict(head_dim=True), "head_dim is True: it must be an int, not a bool"),
+    (dict(head_dim="8"), "head_dim is '8': it must be an int (e.g. 8)"),
+    (dict(seq_splits=[1.0, 1]), "seq_splits[0] is 1.0: split sizes must be ints"),
+    (dict(head_splits=[1, 2 ** 63]), f"head_splits[1] is 9223372036854775808: {BEYOND}"),
+    (dict(seq_splits=None), "seq_splits is None: input_shape takes explicit splits"),
+    (dict(batch=-1), "batch=-1: must be >= 1"),
+    (dict(rank=-1), "rank=-1: must be in [0, world_size=2)"),
+    (dict(mode=5), "mode=5: must be 0"),
+])
+def test_input_shape_refuses_by_name(kwargs, message):
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        input_shape(**(IS | kwargs))
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda xs: fu.simulate(xs, 0, seq_splits=[2 ** 63, 2]),
+     f"seq_splits[0] is 9223372036854775808: {BEYOND}"),
+    (lambda xs: fu.simulate(xs, 2 ** 64), f"mode is 18446744073709551616: {BEYOND}"),
+    (lambda xs: fu.simulate(xs, 0, layout=0), "layout is 0: it must be"),
+    (lambda xs: fu.simulate([xs[0], 2], 0), "inputs[1] is a int: it must be a torch.Tensor"),
+    (lambda xs: fu.simulate(xs[0], 0), "inputs is a Tensor: it must be a sequence of tensors"),
+    (lambda xs: fu.simulate(xs, 0, seq_splits=[-1, 5]), "seq_splits[0]=-1: entries must be >= 0"),
+    (lambda xs: fu.simulate(xs * 5, 0), "world_size=10: must be in [1, 8]"),
+    (lambda xs: fu.simulate([x.double() for x in xs], 0), "element size must be 1, 2 or 4"),
+])
+def test_simulate_refuses_by_name(call, message):
+    xs = [torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 8)]
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        call(xs)
+    assert message in str(info.value)

@@ -17,8 +17,11 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from .. import plan as make_plan
 from ..plan import DTYPE_NAMES
+from ..policy import MAX_RANKS
 from ..presets import PRESETS, even_splits
+from ._args import integer, integers
 from ._help import HelpFormatter
 
 # The payloads the benchmark's presets are measured in: a subset of fast_ulysses.plan's names.
@@ -36,35 +39,56 @@ def gemm_count(text: str):
     """--gemms: "auto" (sized to the collective's time) or a fixed count (0: no overlap)."""
     if text == "auto":
         return text
-    count = int(text)
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"--gemms {text}: a count >= 0 or auto")
-    return count
+    return integer("4 or auto", minimum=0)(text)
+
+
+def full_shape(text: str) -> list[int]:
+    """--shape: b,S,N,d, four integers >= 1."""
+    shape = integers(text, example="1,75600,40,128")
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: it must be 4 comma-separated integers >= 1, b,S,N,d (e.g. "
+            "1,75600,40,128)")
+    return shape
+
+
+def mode_list(text: str) -> list[int]:
+    """--modes: comma-separated modes, each 0 or 1."""
+    modes = integers(text, example="0,1")
+    if not set(modes) <= {0, 1}:
+        raise argparse.ArgumentTypeError(f"{text!r}: every mode must be 0 or 1 (e.g. 0,1)")
+    return modes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", action="append", choices=sorted(PRESETS),
                    help="repeatable; default: every preset unless --shape is given")
-    p.add_argument("--shape", help="custom full shape b,S,N,d (sequence and heads unsplit)")
+    p.add_argument("--shape", type=full_shape,
+                   help="custom full shape b,S,N,d (sequence and heads unsplit)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type")
-    p.add_argument("--text-tokens", type=int, default=0, help="tokens added to every sequence")
-    p.add_argument("--modes", default="0,1", help="modes to run, comma-separated")
-    p.add_argument("--iters", type=int, default=50, help="timed calls per median")
-    p.add_argument("--warmup", type=int, default=10, help="untimed calls before them")
-    p.add_argument("--gemm-size", type=int, default=8192,
+    p.add_argument("--text-tokens", type=integer(256, minimum=0), default=0,
+                   help="tokens added to every sequence")
+    p.add_argument("--modes", type=mode_list, default="0,1",
+                   help="modes to run, comma-separated")
+    p.add_argument("--iters", type=integer(50, minimum=1), default=50,
+                   help="timed calls per median")
+    p.add_argument("--warmup", type=integer(10, minimum=0), default=10,
+                   help="untimed calls before them")
+    p.add_argument("--gemm-size", type=integer(8192, minimum=1), default=8192,
                    help="overlap GEMM size (with --gemms auto: the largest tried)")
     p.add_argument("--gemms", type=gemm_count, default="auto",
                    help="GEMMs in the overlap chain: auto (a chain about as long as the "
                         "collective), a count, or 0 to skip the overlap")
-    p.add_argument("--overlap-repeats", type=int, default=5,
+    p.add_argument("--overlap-repeats", type=integer(5, minimum=1), default=5,
                    help="overlap measurements per collective (median and spread reported)")
     p.add_argument("--graph", action="store_true",
                    help="also time CUDA-graph replays of one captured call of each entry point")
     p.add_argument("--fused", action="store_true",
                    help="mode 0 also times the fused QK RMSNorm + RoPE scatter against the "
                         "unfused torch sequence and the plain borrowed call")
-    p.add_argument("--nproc", type=int, default=None,
-                   help="ranks to spawn when not under torchrun (default: GPU count)")
+    p.add_argument("--nproc", type=integer(4, minimum=1, maximum=MAX_RANKS), default=None,
+                   help=f"ranks to spawn when not under torchrun, 1 to {MAX_RANKS} (default: "
+                        "GPU count)")
     p.add_argument("--shared-gpu", action="store_true",
                    help="every rank on cuda:0 over gloo (sets FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
     p.add_argument("--out-dir", default="fast-ulysses-results",
@@ -79,7 +103,7 @@ def cases(args, world_size: int) -> list:
     dtype = DTYPES[args.dtype]
     specs = []
     if args.shape:
-        b, s, n, d = (int(v) for v in args.shape.split(","))
+        b, s, n, d = args.shape
         specs.append(("custom", b, s, n, d))
     for name in args.preset or ([] if args.shape else sorted(PRESETS)):
         p = PRESETS[name]
@@ -150,7 +174,7 @@ def worker(args) -> dict | None:
         ctx.baseline_group, note = None, "n/a: NCCL cannot run with ranks sharing one GPU"
     elif args.shared_gpu:
         ctx.baseline_group = dist.new_group([0], backend="nccl")
-    modes = [int(m) for m in args.modes.split(",")]
+    modes = args.modes
     todo = [(c, m) for c in cases(args, P) for m in modes]
     entries = []
     for case, mode in _progress(todo, rank == 0):
@@ -200,7 +224,32 @@ def _run_rank(args) -> None:
     dist.destroy_process_group()
 
 
+def check(args, world_size: int) -> str:
+    """What the benchmark cannot run on `world_size` ranks, "" when nothing: the checks the
+    options' types cannot make alone, by the plan's own rules (e.g. its limit on one tensor's
+    bytes) for rank 0 of every case in every mode (even splits: rank 0 holds the most rows and
+    heads)."""
+    for case in cases(args, world_size):
+        source = "--shape " + ",".join(map(str, args.shape)) if case.name.startswith(
+            "custom") else f"--preset {case.name.removesuffix('-padded')}"
+        padded = " (padded)" if case.name.endswith("-padded") else ""
+        tokens = f" with --text-tokens {args.text_tokens}" if args.text_tokens else ""
+        for mode in args.modes:
+            try:
+                make_plan(world_size, 0, mode, case.input_shape(0, mode), case.dtype,
+                          **case.kwargs())
+            except ValueError as error:
+                return f"{source}{tokens}{padded} on {world_size} ranks, mode {mode}: {error}"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
+    # Every argument is checked before the GPU is looked for (the plan's rules on the tensors
+    # do not depend on the rank count, which the GPU count may decide).
+    problem = check(args, args.nproc or MAX_RANKS)
+    if problem:
+        print(f"fast-ulysses bench: error: {problem}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("fast-ulysses bench: no CUDA GPU visible; nothing measured (use `fast-ulysses "
               "plan` or `fast_ulysses.simulate` on this machine)", file=sys.stderr)

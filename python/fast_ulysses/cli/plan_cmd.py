@@ -14,27 +14,10 @@ from .. import plan as make_plan
 from ..presets import PRESETS, preset_call
 from ..plan import DTYPE_NAMES, LAYOUTS, CopyDescriptor
 from ..policy import MAX_RANKS
+from ._args import integer, integers
 from ._help import HelpFormatter
 
 DTYPES = DTYPE_NAMES  # one table of dtype names, fast_ulysses.plan's
-
-
-def _ints(text: str) -> list[int]:
-    """Comma-separated integers (--shape, --seq-splits, --head-splits)."""
-    values = []
-    for v in text.split(","):
-        if not v.strip():
-            continue
-        try:
-            values.append(int(v))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: {v.strip()!r} is not an integer (give comma-separated integers, "
-                "e.g. 1,9450,40,128)") from None
-    if not values:  # an empty --seq-splits "" would otherwise read as "not given"
-        raise argparse.ArgumentTypeError(
-            f"{text!r} holds no integer (give comma-separated integers, e.g. 1,9450,40,128)")
-    return values
 
 
 def add_parser(subparsers) -> None:
@@ -42,20 +25,20 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=HelpFormatter)
     call = p.add_mutually_exclusive_group(required=True)
     call.add_argument("--preset", choices=sorted(PRESETS), help="a model shape")
-    call.add_argument("--shape", type=_ints,
+    call.add_argument("--shape", type=integers,
                       help="this rank's input shape in --layout order (b,s,n,d for bshd)")
-    p.add_argument("--world-size", type=int, required=True,
+    p.add_argument("--world-size", type=integer(8), required=True,
                    help=f"ranks in the group (1 to {MAX_RANKS})")
-    p.add_argument("--rank", type=int, default=0, help="the rank whose plan is printed")
-    p.add_argument("--mode", type=int, default=0, choices=(0, 1),
+    p.add_argument("--rank", type=integer(0), default=0, help="the rank whose plan is printed")
+    p.add_argument("--mode", type=integer(0), default=0, choices=(0, 1),
                    help="0: (b, s/P, N, d) -> (b, S, N/P, d); 1: the inverse")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="element type (default: the preset's, bf16 with --shape)")
     p.add_argument("--layout", choices=LAYOUTS, default="bshd", metavar="LAYOUT",
                    help=f"{', '.join(LAYOUTS)}: order of --shape")
-    p.add_argument("--seq-splits", type=_ints,
+    p.add_argument("--seq-splits", type=integers,
                    help="rows of every rank, comma-separated (default: even, or the preset's)")
-    p.add_argument("--head-splits", type=_ints,
+    p.add_argument("--head-splits", type=integers,
                    help="heads of every rank, comma-separated (default: even, or the preset's)")
     p.add_argument("--json", action="store_true",
                    help="print the plan as one JSON object instead of a table")
