@@ -122,7 +122,8 @@ class UlyssesGroupLike(Protocol):
     def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
                              seq_splits: Sequence[int] | None = None,
                              head_splits: Sequence[int] | None = None,
-                             layout: str = "bshd") -> torch.Tensor: ...
+                             layout: str = "bshd",
+                             out: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,

@@ -71,12 +71,13 @@ def check_agreement(process_group, rank: int, world_size: int, index: int, name:
         check_tag(tag)
         if check_device is not None:
             check_device(x)
-        # Shapes legitimately differ across ranks with uneven splits; the resolved splits and
-        # the window size must agree.
+        # Shapes legitimately differ across ranks with uneven splits; the resolved splits, the
+        # batch and head dimensions and the window size must agree.
         p = plan_call(x, world_size, rank, mode, seq_splits=seq_splits, head_splits=head_splits,
                       layout=layout)
         key = (name, as_mode(mode), tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
-               p.window_bytes, tuple(extra))
+               p.input_shape[layout.index("b")], p.input_shape[3], p.window_bytes,
+               tuple(extra))
     except ValueError as exc:
         error = str(exc)
     gathered: list = [None] * world_size

@@ -8,12 +8,13 @@ from __future__ import annotations
 from ._ops import ops
 
 DEBUG_ENV = "FAST_ULYSSES_DEBUG"
+CHECK_CALLS_ENV = "FAST_ULYSSES_CHECK_CALLS"
 SHARED_GPU_ENV = "FAST_ULYSSES_ALLOW_SHARED_GPU"
 
 
 def switch(name: str) -> bool:
-    """The 0|1 switch `name` (DEBUG_ENV, SHARED_GPU_ENV, or one the transport reads), its
-    default when unset or empty.
+    """The 0|1 switch `name` (DEBUG_ENV, CHECK_CALLS_ENV, SHARED_GPU_ENV, or one the transport
+    reads), its default when unset or empty.
 
     Raises:
         ValueError naming the variable, its value and the accepted values.

@@ -13,43 +13,78 @@ back (one pass), and skips even that where the permuted view is already contiguo
 or bshd mode 0 with b == 1). Either way the result has waited for the collective (on NCCL a
 stream wait, not a host block), so a result that is never used leaves no unwaited work behind.
 Bytes travel as uint8, so every 1-, 2- and 4-byte dtype is moved bit for bit.
+
+Before any data moves, every call at P > 1 checks that the ranks agree on it: each rank sends one
+small int64 row (`all_gather_into_tensor`) saying what it believes the call is (entry point,
+mode, layout, tag, dtype, the plan's resolved splits, batch, head_dim and window bytes), or that
+its own call is invalid. Rows that differ, or an invalid row, make every rank raise the same
+`FastUlyssesError`, after a second gather (of text, on this error path only) that names the
+calls. A program whose ranks disagree (uneven sequence lengths without seq_splits, head_splits
+on one rank only, another mode, tag or layout) would otherwise abort in the transport or receive
+memory no rank wrote. The row travels on the CPU where the group's backend takes CPU tensors
+(gloo), else on x's GPU (NCCL), where reading it back makes the host wait for the gather.
+FAST_ULYSSES_CHECK_CALLS=0 turns the check off; with FAST_ULYSSES_DEBUG=1 the debug check
+(`fast_ulysses.debug.check_agreement`: an all_gather_object of every call, which also names it)
+runs instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import zlib
+from functools import lru_cache
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ._ops import ops
-from .api import as_mode, as_pool_bytes, check_tag, group_repr
+from .api import as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
-from .debug import check_agreement, debug_enabled
-from .plan import Plan
-from .policy import agreement_message
+from .debug import check_agreement, debug_enabled, describe_call
+from .env import CHECK_CALLS_ENV, switch
+from .errors import FastUlyssesError, public, refused
+from .plan import LAYOUTS, Plan
+from .policy import _rank_list, agreement_message
 from .validation import plan_call, window_bytes_by_tag
-from .errors import FastUlyssesError
+
+OWNED = "all_to_all_single_4d"
+BORROWED = "all_to_all_single_4d_borrowed"
 
 
-def _agreed_debug(process_group, world_size: int) -> bool:
-    """This rank's FAST_ULYSSES_DEBUG, once every rank has shown it parses and agrees:
-    collective at P > 1. With it set on some ranks only, their calls would wait in a check the
-    others never join; a value refused on one rank would leave the others waiting here. Either
-    way every rank raises the same ValueError (`policy.agreement_message`)."""
+def _agreed_settings(process_group, world_size: int) -> tuple[bool, bool]:
+    """This rank's (FAST_ULYSSES_DEBUG, FAST_ULYSSES_CHECK_CALLS), once every rank has shown
+    that both parse and agree: one all_gather_object at P > 1. Either switch set on some ranks
+    only would make their calls wait in a collective the others never join; a value refused on
+    one rank would leave the others waiting here. Either way every rank raises the same
+    FastUlyssesError (`policy.agreement_message` for the debug switch and refused values)."""
+    debug, check, error = False, True, ""
     try:
-        debug, error = debug_enabled(), ""
-    except ValueError as refused:
-        debug, error = False, str(refused)
-    everyone = [(debug, error)]
+        debug = debug_enabled()
+        check = switch(CHECK_CALLS_ENV)
+    except ValueError as refusal:
+        error = str(refusal)
+    everyone = [(debug, check, error)]
     if world_size > 1:
         everyone = [None] * world_size
-        dist.all_gather_object(everyone, (debug, error), group=process_group)
-    refused = agreement_message([d for d, _ in everyone], [e for _, e in everyone])
-    if refused:
-        raise FastUlyssesError(refused)
-    return debug
+        dist.all_gather_object(everyone, (debug, check, error), group=process_group)
+    message = (agreement_message([d for d, _, _ in everyone], [e for _, _, e in everyone])
+               or _check_calls_message([c for _, c, _ in everyone]))
+    if message:
+        raise FastUlyssesError(message)
+    return debug, check
+
+
+def _check_calls_message(check: list[bool]) -> str:
+    """The error for FAST_ULYSSES_CHECK_CALLS=0 on some ranks only; "" when every rank agrees."""
+    off = [r for r, on in enumerate(check) if not on]
+    if not off or len(off) == len(check):
+        return ""
+    on = [r for r, flag in enumerate(check) if flag]
+    return (f"{CHECK_CALLS_ENV}=0 on {_rank_list(off)} but not on {_rank_list(on)}: set it the "
+            f"same on every rank (with it on, each call of the group first compares every "
+            f"rank's call in a collective, which ranks with it off never join)")
 
 
 class TorchUlyssesGroup:
@@ -69,13 +104,18 @@ class TorchUlyssesGroup:
         process_group: the group the collectives run on.
 
     Raises:
-        ValueError for a group of more ranks than `fast_ulysses.plan.limits()["max_world_size"]`
-        (8, one node: the plan's rule, for both groups), raised here rather than on each call.
+        FastUlyssesError (a ValueError) for a group of more ranks than
+        `fast_ulysses.plan.limits()["max_world_size"]` (8, one node: the plan's rule, for both
+        groups), raised here rather than on each call; for a FAST_ULYSSES_* switch this group
+        reads that some rank refuses, or that differs across ranks (on every rank).
+        RuntimeError when torch.distributed is not initialised.
 
-    With FAST_ULYSSES_DEBUG=1 set when the group is built, every call is first checked against
-    every rank's (`fast_ulysses.debug.check_agreement`), as on `UlyssesGroup`. Building the
-    group is collective at P > 1: the ranks compare that setting, and where only some have it
-    every rank raises ValueError (`fast_ulysses.policy.agreement_message`).
+    Every call at P > 1 first checks that every rank makes the same call (one small
+    all-gather; see the module's docstring), unless FAST_ULYSSES_CHECK_CALLS=0. With
+    FAST_ULYSSES_DEBUG=1 set when the group is built, every call is instead checked by
+    `fast_ulysses.debug.check_agreement`, as on `UlyssesGroup`. Building the group is
+    collective at P > 1: the ranks compare both settings (one all_gather_object), and where
+    they differ every rank raises FastUlyssesError (`fast_ulysses.policy.agreement_message`).
     """
 
     fallback = True
@@ -83,6 +123,7 @@ class TorchUlyssesGroup:
     world_size: int
     fallback_reason: str
 
+    @public
     def __init__(self, process_group=None, initial_pool_bytes: int = 0, *, decision=None):
         if process_group is None:
             process_group = dist.group.WORLD
@@ -98,11 +139,18 @@ class TorchUlyssesGroup:
         self.initial_pool_bytes = initial_pool_bytes
         if decision is not None and decision.use_fast:
             raise FastUlyssesError(f"TorchUlyssesGroup was handed a decision for the fast group "
-                             f"({decision.reason!r}): build UlyssesGroup, or call make_group")
+                                   f"({decision.reason!r}): build UlyssesGroup, or call "
+                                   f"make_group")
         self.fallback_reason = "requested" if decision is None else decision.reason
         self._destroyed = False
-        self._debug = _agreed_debug(process_group, self.world_size)
+        self._debug, check = _agreed_settings(process_group, self.world_size)
         self._calls = 0
+        # The call check (the debug check replaces it; one rank cannot disagree with itself).
+        self._check = check and not self._debug and self.world_size > 1
+        self._row_size = len(_HEADER) + 2 * self.world_size
+        self._invalid_row = [1] + [0] * (self._row_size - 1)
+        self._rows: dict[torch.device, torch.Tensor] = {}  # gather buffers, by device
+        self._gather_type = _gather_device_type(process_group) if self._check else "cpu"
         # The fast group's per-tag rules, applied here too (csrc/plan/tag_rules.h, through the
         # ops), so a program that breaks one fails on a CPU test as it would on the GPU: the
         # bytes each tag's window would hold there, the tags deferred by barrier=False, and
@@ -112,8 +160,8 @@ class TorchUlyssesGroup:
         self._sealed = False
 
     def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
-                             seq_splits=None, head_splits=None,
-                             layout: str = "bshd") -> torch.Tensor:
+                             seq_splits=None, head_splits=None, layout: str = "bshd",
+                             out: torch.Tensor | None = None) -> torch.Tensor:
         """One Ulysses all-to-all; collective: every rank makes the same call.
 
         Arguments:
@@ -124,56 +172,86 @@ class TorchUlyssesGroup:
                 `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
             seq_splits, head_splits: per-rank rows / heads; None means even.
             layout: "bshd", "sbhd" or "bhsd".
+            out: None, or a contiguous tensor of the call's output shape, with x's dtype and
+                device, that shares no memory with x: the result is written there (bit for
+                bit the tensor the call returns without it). Not differentiable: with grad mode
+                on, neither x nor out may require grad. Every rank may choose separately
+                whether to pass it.
 
         Returns:
-            A new contiguous plain tensor of the plan's output shape that the caller owns,
-            ready in the current stream's order (it has waited for the collective: on NCCL a
-            stream wait, not a host block), as with `dist.all_to_all_single`. Differentiable:
-            its backward is mode 1 - m on `fast_ulysses.autograd.backward_tag(tag)`.
+            `out` when given; else a new contiguous plain tensor of the plan's output shape that
+            the caller owns. Either is ready in the current stream's order (it has waited for
+            the collective: on NCCL a stream wait, not a host block), as with
+            `dist.all_to_all_single`. The new tensor is differentiable: its backward is mode
+            1 - m on `fast_ulysses.autograd.backward_tag(tag)`.
 
         Raises:
-            ValueError with the plan's message for a bad shape, split, mode or layout, the
-            fast path's message for a bad tensor, or the tag rule's; with FAST_ULYSSES_DEBUG=1,
-            on every rank when any rank's call is invalid or differs. RuntimeError after
-            `destroy()`.
+            FastUlyssesError (a ValueError and a RuntimeError), before anything is sent: the
+            plan's message for a bad shape, split, mode or layout, the fast path's for a bad
+            tensor, the tag rule's, or one naming what is wrong with `out`, where every rank
+            refuses its own call; at P > 1, on every rank and with one message naming the
+            calls, where only some ranks refuse theirs or the ranks' calls differ (the call
+            check, see the module's docstring); after `destroy()`.
         """
-        tag = resolve_tag(tag, x, mode, layout)
-        return self._call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
+        try:
+            tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None,
+                                   out)
+            if out is not None:
+                return _exchange(x, p, self.process_group, out)
+            if not (x.requires_grad and torch.is_grad_enabled()):
+                return _exchange(x, p, self.process_group)
+            return TorchAllToAll.apply(x, self, lambda: _exchange(x, p, self.process_group),
+                                       p.mode, tag, seq_splits, head_splits, layout)
+        except ValueError as error:
+            raise refused(error) from None
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits=None, head_splits=None, layout: str = "bshd",
                                       barrier: bool = True) -> torch.Tensor:
         """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
         ready when the call returns, whatever `barrier` says. The rules are UlyssesGroup's all
-        the same: the tag must be given, an input that requires grad raises ValueError
+        the same: the tag must be given, an input that requires grad is refused
         (`fast_ulysses.autograd.check_borrowed_grad`), and after barrier=False the tag refuses
-        its next call until `barrier()` (FAST_ULYSSES_DEBUG=1 also checks that every rank
-        passes the same `barrier`). Arguments, returns and raises as `all_to_all_single_4d`."""
-        check_borrowed_tag(tag)
-        check_borrowed_grad(x)
-        out = self._call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits, head_splits,
-                         layout, bool(barrier))
+        its next call until `barrier()`. Every rank must pass the same `barrier` (checked with
+        the rest of the call). Arguments, returns and raises as `all_to_all_single_4d`
+        (without `out`)."""
+        try:
+            tag, p = self._checked(BORROWED, x, mode, tag, seq_splits, head_splits, layout,
+                                   bool(barrier), None)
+            result = _exchange(x, p, self.process_group)
+        except ValueError as error:
+            raise refused(error) from None
         if not barrier:
             self._deferred.add(tag)
-        return out
+        return result
 
+    @public
     def barrier(self) -> None:
         """Closes the borrowed calls made with barrier=False: their tags may be used again (the
-        data is already here; nothing is sent)."""
+        data is already here; nothing is sent).
+
+        Raises:
+            FastUlyssesError after `destroy()`.
+        """
         self._check_alive()
         self._deferred.clear()
 
+    @public
     def reserve(self, calls) -> None:
         """Declares the calls this process will make and seals the group, as
         `UlyssesGroup.reserve` does: afterwards a call whose tag was not declared (or used
-        before), or that needs more window than declared, raises ValueError. No memory is
-        allocated here (there are no windows); only the rule is the same.
+        before), or that needs more window than declared, is refused. No memory is allocated
+        here (there are no windows) and nothing is sent; only the rule is the same.
 
         Arguments:
-            calls: an iterable of `fast_ulysses.CallSpec`.
+            calls: an iterable of `fast_ulysses.CallSpec`, or of dicts with its field names as
+                keys: "tag", "shape", "mode", "dtype", and optionally "seq_splits",
+                "head_splits", "layout".
 
         Raises:
-            ValueError naming the first call the plan rejects, or a tag past the tag limit.
+            FastUlyssesError naming the first call (calls[index]) that is not a CallSpec or such
+            a dict, has an unknown or missing key, or that the plan rejects; or a tag past the
+            tag limit; after `destroy()`.
         """
         self._check_alive()
         sizes = window_bytes_by_tag(calls, self.world_size, self.rank)
@@ -182,6 +260,7 @@ class TorchUlyssesGroup:
             self._windows[tag] = max(self._windows.get(tag, -1), sizes[tag])
         self._sealed = True
 
+    @public
     def stats(self) -> dict:
         """`UlyssesGroup.stats()`'s keys (one list, csrc/plan/group_stats.h), for code that
         reads either group. As on UlyssesGroup, `tags` is the number of distinct tags called or
@@ -195,30 +274,117 @@ class TorchUlyssesGroup:
         return {key: own.get(key, 0) for key in ops.group_stats_keys()}
 
     def destroy(self) -> None:
-        """Ends the group's use; later calls raise RuntimeError. Calling it again is a no-op."""
+        """Ends the group's use; later calls raise FastUlyssesError (a RuntimeError). Calling
+        it again is a no-op."""
         self._destroyed = True
 
     def __repr__(self) -> str:
         return group_repr("TorchUlyssesGroup", self.rank, self.world_size, True,
                           reason=self.fallback_reason, destroyed=self._destroyed)
 
-    def _call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
+    # -- checks ----------------------------------------------------------------------------
+
+    @torch.compiler.disable  # host-side: the checks and their collective stay out of traces
+    def _checked(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
+        """Checks one call of entry `name` (with FAST_ULYSSES_DEBUG=1 through
+        `check_agreement`; else at P > 1 through the call check, `_agree`), records its tag's
+        window, and returns (tag, plan). `barrier` is None for the owned entry. Raises
+        ValueError (the entry points make it a FastUlyssesError)."""
         self._check_alive()
-        if self._debug:  # every rank learns of every rank's problem: all raise, none waits
-            self._calls += 1
-            check_agreement(self.process_group, self.rank, self.world_size, self._calls, name,
-                            x, mode, tag, seq_splits, head_splits, layout, extra)
+        if self._check:
+            return self._commit(self._agree(name, x, mode, tag, seq_splits, head_splits, layout,
+                                            barrier, out))
+        if not self._debug:
+            return self._commit(self._prepare(name, x, mode, tag, seq_splits, head_splits,
+                                              layout, out))
+        if name == OWNED and tag is None and isinstance(x, torch.Tensor):
+            tag = resolve_tag(tag, x, mode, layout)
+        prepared = []
+        self._calls += 1
+        # Every check of `_prepare` runs inside check_agreement's, so that a rank that refuses
+        # its own call (its out=, a tag rule) still joins the gather and every rank raises.
+        check_agreement(self.process_group, self.rank, self.world_size, self._calls, name, x,
+                        mode, tag, seq_splits, head_splits, layout,
+                        () if barrier is None else (barrier,),
+                        check_device=lambda _: prepared.append(self._prepare(
+                            name, x, mode, tag, seq_splits, head_splits, layout, out)))
+        return self._commit(prepared[0])
+
+    def _prepare(self, name, x, mode, tag, seq_splits, head_splits, layout, out):
+        """This rank's checks of one call, with no effect on the group: the entry point's
+        rules, the plan, the tag rules and `out`. Returns (tag, plan, the tag's new window size
+        or None); raises ValueError."""
+        if name == BORROWED:
+            check_borrowed_tag(tag)
+            check_borrowed_grad(x)
+        else:
+            tag = resolve_tag(tag, x, mode, layout)
         check_tag(tag)
         p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
                       head_splits=head_splits, layout=layout)
         self._use_tag(tag)
         held = self._windows.get(tag, -1)
+        window = None
         if p.window_bytes > held:
-            self._windows[tag] = ops.window_for_call(tag, p.window_bytes, held, self._sealed)
-        if not (x.requires_grad and torch.is_grad_enabled()):
-            return _exchange(x, p, self.process_group)
-        return TorchAllToAll.apply(x, self, lambda: _exchange(x, p, self.process_group),
-                                   as_mode(mode), tag, seq_splits, head_splits, layout)
+            window = ops.window_for_call(tag, p.window_bytes, held, self._sealed)
+        if out is not None:
+            _check_out(out, x, p)
+        return tag, p, window
+
+    def _commit(self, prepared) -> tuple[str, Plan]:
+        tag, p, window = prepared
+        if window is not None:
+            self._windows[tag] = window
+        return tag, p
+
+    def _agree(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
+        """`_prepare`, then the call check: one all_gather_into_tensor of every rank's
+        `_row` (or of the invalid row, where `_prepare` raised: this rank still joins). Returns
+        `_prepare`'s result when every row is the same valid row; else raises on every rank
+        (`_refuse`)."""
+        self._calls += 1
+        prepared, mine = None, None
+        try:
+            prepared = self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out)
+            row = _row(name, prepared[1], prepared[0], x.dtype, barrier)
+        except Exception as error:  # noqa: BLE001 - every rank must learn of it, then raise
+            row, mine = self._invalid_row, error
+        if isinstance(x, torch.Tensor) and x.device.type == self._gather_type:
+            device = x.device
+        else:
+            device = _default_device(self._gather_type)
+        rows = self._rows.get(device)
+        if rows is None:
+            rows = self._rows[device] = torch.empty(self.world_size * self._row_size,
+                                                    dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(rows, torch.tensor(row, dtype=torch.int64, device=device),
+                                    group=self.process_group)
+        everyone = rows.view(self.world_size, self._row_size).tolist()
+        first = everyone[0]
+        if first[0] or any(other != first for other in everyone[1:]):
+            shown = prepared[0] if prepared is not None else tag
+            call = describe_call(name, x, mode, shown, seq_splits, head_splits, layout)
+            if barrier is not None:
+                call = f"{call[:-1]}, barrier={barrier})"
+            if out is not None:
+                shown = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) \
+                    else type(out).__name__
+                call = f"{call[:-1]}, out={shown})"
+            self._refuse(everyone, call, mine, seq_splits is None, head_splits is None)
+        return prepared
+
+    def _refuse(self, rows, call, mine, seq_none, head_none):
+        """The call check's error path (every rank takes it, seeing the same rows). Where every
+        rank refused its own call, each raises its own refusal as it is (the message a
+        one-rank group gives; no rank is left waiting). Else every rank gathers every rank's
+        call as text and raises FastUlyssesError with the same message, naming the calls."""
+        if all(row[0] for row in rows):
+            raise mine
+        error = "" if mine is None else (str(mine) or type(mine).__name__)
+        calls = [None] * self.world_size
+        dist.all_gather_object(calls, (call, error, seq_none, head_none),
+                               group=self.process_group)
+        raise FastUlyssesError(_refusal(self._calls, rows, calls)) from mine
 
     def _use_tag(self, tag: str) -> None:
         """The fast group's tag rules: at most `limits()["max_tags"]` distinct tags, and none
@@ -229,8 +395,130 @@ class TorchUlyssesGroup:
 
     def _check_alive(self) -> None:
         if self._destroyed:
-            raise RuntimeError("this TorchUlyssesGroup was destroyed: build a new group with "
-                               "fast_ulysses.make_group")
+            raise FastUlyssesError("this TorchUlyssesGroup was destroyed: build a new group "
+                                   "with fast_ulysses.make_group")
+
+
+# -- the call check's row ----------------------------------------------------------------------
+
+# The row's fixed fields; the plan's resolved seq_splits and head_splits (P each) follow.
+_HEADER = ("invalid", "entry point", "mode", "layout", "tag", "dtype", "batch", "head_dim",
+           "window bytes", "barrier")
+_WINDOW, _BARRIER = _HEADER.index("window bytes"), _HEADER.index("barrier")
+_ENTRY_CODES = {OWNED: 0, BORROWED: 1}
+_LAYOUT_CODES = {name: code for code, name in enumerate(LAYOUTS)}
+_SHOWN = {"mode", "batch", "head_dim"}  # told by value (the others: by the calls)
+
+
+@lru_cache(maxsize=4096)
+def _tag_code(tag: str) -> int:
+    """A 64-bit hash of `tag`, the same in every process (Python's hash() of a str is not)."""
+    digest = hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+@lru_cache(maxsize=None)
+def _dtype_code(dtype: torch.dtype) -> int:
+    return zlib.crc32(str(dtype).encode())
+
+
+def _row(name: str, p: Plan, tag: str, dtype: torch.dtype, barrier) -> list[int]:
+    """What this rank believes the call is, as the call check compares it."""
+    shape = p.input_shape
+    return [0, _ENTRY_CODES[name], p.mode, _LAYOUT_CODES[p.layout], _tag_code(tag),
+            _dtype_code(dtype), shape[p.layout.index("b")], shape[3], p.window_bytes,
+            -1 if barrier is None else int(barrier), *p.seq_splits, *p.head_splits]
+
+
+def _refusal(index: int, rows: list[list[int]], calls: list[tuple]) -> str:
+    """The call check's message, the same on every rank: the invalid calls (with a valid one
+    beside them), or rank 0's call and the first that differs from it, and how."""
+    errors = [error for _, error, _, _ in calls]
+    bad = [r for r, error in enumerate(errors) if error]
+    if bad:
+        alike: dict[tuple[str, str], list[int]] = {}
+        for r in bad:
+            alike.setdefault(calls[r][:2], []).append(r)
+        parts = [f"{_rank_list(ranks)} called {call}, which is invalid: {error}"
+                 for (call, error), ranks in alike.items()]
+        good = [r for r, error in enumerate(errors) if not error]
+        if good:
+            parts.append(f"rank {good[0]} called {calls[good[0]][0]}")
+        return f"call #{index} was refused on every rank: " + "; ".join(parts)
+    peer = next(r for r in range(1, len(rows)) if rows[r] != rows[0])
+    return (f"call #{index} differs across ranks: rank 0 called {calls[0][0]} but rank {peer} "
+            f"called {calls[peer][0]}: {_differences(rows[0], rows[peer], peer, calls)}")
+
+
+def _differences(a: list[int], b: list[int], peer: int, calls: list[tuple]) -> str:
+    """How rank 0's row `a` and rank `peer`'s row `b` differ, in words (the window bytes, which
+    follow from the rest, last)."""
+    def both(x, y):
+        return f"{x} on rank 0, {y} on rank {peer}"
+
+    parts = [f"{field} ({both(a[k], b[k])})" if field in _SHOWN else field
+             for k, field in enumerate(_HEADER[:_WINDOW]) if k and a[k] != b[k]]
+    if a[_BARRIER] != b[_BARRIER] and min(a[_BARRIER], b[_BARRIER]) >= 0:  # -1: owned
+        parts.append(f"barrier ({both(bool(a[_BARRIER]), bool(b[_BARRIER]))})")
+    world, start = (len(a) - len(_HEADER)) // 2, len(_HEADER)
+    hints = []
+    same_call = a[1:4] == b[1:4]  # entry point, mode and layout: the splits mean the same
+    for which, at, none in (("seq_splits", start, 2), ("head_splits", start + world, 3)):
+        mine, theirs = a[at:at + world], b[at:at + world]
+        if mine != theirs:
+            parts.append(f"the resolved {which} ({both(mine, theirs)})")
+            if same_call and any(call[none] for call in calls):
+                hints.append(f"{which}=None means an even split: ranks whose "
+                             f"{'rows' if which == 'seq_splits' else 'heads'} differ must pass "
+                             f"{which}, the same list on every rank")
+    if a[_WINDOW] != b[_WINDOW]:
+        parts.append(f"window bytes ({both(a[_WINDOW], b[_WINDOW])})")
+    return "they differ in " + ", ".join(parts) + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def _gather_device_type(process_group) -> str:
+    """The device type of the call check's gather: the CPU where the group's backend takes CPU
+    tensors (gloo, or a CPU backend beside NCCL), else the group's device (NCCL: CUDA)."""
+    try:
+        return dist.distributed_c10d._get_object_coll_device(process_group)
+    except Exception:  # noqa: BLE001 - a torch without the helper: gloo's CPU
+        return "cpu"
+
+
+def _default_device(device_type: str) -> torch.device:
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
+def _check_out(out, x: torch.Tensor, p: Plan) -> None:
+    """The rules of `out=`, in the fast group's words: a tensor, no autograd, x's device and
+    dtype, the call's output shape, contiguous, sharing no bytes with x (FastUlyssesError
+    naming the mismatch)."""
+    if not isinstance(out, torch.Tensor):
+        raise FastUlyssesError(f"out is a {type(out).__name__}: it must be a torch.Tensor "
+                               "(or None)")
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        which = "an input that requires grad" if x.requires_grad else "an out that requires grad"
+        raise FastUlyssesError(f"out= with {which}: out= records no backward; call without "
+                               "out= when gradients are needed")
+    if out.device != x.device:
+        raise FastUlyssesError(f"out is on {out.device} but x is on {x.device}: out must be on "
+                               "x's device")
+    if out.dtype != x.dtype:
+        raise FastUlyssesError(f"out has dtype {out.dtype} but x has {x.dtype}: out must have "
+                               "x's dtype")
+    if tuple(out.shape) != p.output_shape:
+        raise FastUlyssesError(f"out has shape {list(out.shape)} but the call's output is "
+                               f"{list(p.output_shape)}: out must have the output's shape")
+    if not out.is_contiguous():
+        raise FastUlyssesError(f"out (shape {list(out.shape)}, strides {list(out.stride())}) "
+                               "is not contiguous: out must be a contiguous tensor")
+    size = x.element_size()
+    if out.numel() and x.numel() and out.data_ptr() < x.data_ptr() + x.numel() * size \
+            and x.data_ptr() < out.data_ptr() + out.numel() * size:
+        raise FastUlyssesError("out overlaps x in memory: the call reads x while it writes out; "
+                               "pass an out that shares no bytes with x")
 
 
 def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
@@ -244,7 +532,8 @@ def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
     return split, send, recv, order
 
 
-def _exchange(x: torch.Tensor, p: Plan, group) -> torch.Tensor:
+def _exchange(x: torch.Tensor, p: Plan, group, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Moves one checked call's data: returns the output, written into `out` when given."""
     split, send_splits, recv_splits, order = _axes(p)
     es = x.element_size()
     xs = x.permute(order)
@@ -259,13 +548,21 @@ def _exchange(x: torch.Tensor, p: Plan, group) -> torch.Tensor:
     out_c = [p.output_shape[k] for k in order]  # the output, cat dimension first
     row = math.prod(out_c[1:]) * es  # bytes of one cat-dimension slice
     out_bytes = [count * row for count in recv_splits]
+    if out is not None and all(p.output_shape[k] == 1 for k in range(order[0])):
+        # The output in "cat first" order is out itself (only size-1 dimensions precede cat):
+        # receive straight into it.
+        dist.all_to_all_single(out.view(-1).view(torch.uint8), send.view(torch.uint8),
+                               out_bytes, in_bytes, group=group)
+        return out
     recv = funcol.all_to_all_single(send.view(torch.uint8), out_bytes, in_bytes, group)
     if isinstance(recv, funcol.AsyncCollectiveTensor):
         # Wait now (a stream wait on NCCL): an AsyncCollectiveTensor that is never used would
         # leave its work unwaited, and torch warns about that at exit.
         recv = recv.wait()
-    out = recv.view(x.dtype).view(out_c).permute(_inverse(order))
-    return out if out.is_contiguous() else out.contiguous()
+    result = recv.view(x.dtype).view(out_c).permute(_inverse(order))
+    if out is not None:
+        return out.copy_(result)
+    return result if result.is_contiguous() else result.contiguous()
 
 
 def _ranges(splits):

@@ -9,8 +9,8 @@ kernels run), so a bad tensor reads the same whichever group rejected it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -61,7 +61,8 @@ def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_spl
 
 @dataclass(frozen=True)
 class CallSpec:
-    """One call a process will make, declared ahead for `group.reserve`.
+    """One call a process will make, declared ahead for `group.reserve` (which takes a dict
+    with these field names as keys too: `as_call_spec`).
 
     Arguments:
         shape: this rank's input shape, in `layout` order.
@@ -81,25 +82,59 @@ class CallSpec:
     layout: str = "bshd"
 
 
-def window_bytes_by_tag(calls: Iterable[CallSpec], world_size: int, rank: int) -> dict[str, int]:
+# The keys of a call declared as a dict: CallSpec's fields, the first four required.
+CALL_KEYS = ("tag", "shape", "mode", "dtype")
+OPTIONAL_CALL_KEYS = ("seq_splits", "head_splits", "layout")
+
+
+def as_call_spec(call, index: int) -> CallSpec:
+    """`calls[index]` of `reserve` as a CallSpec: a CallSpec itself, or a dict (any mapping)
+    with CallSpec's field names as keys, CALL_KEYS required and OPTIONAL_CALL_KEYS optional.
+
+    Raises:
+        FastUlyssesError naming calls[index] for anything else, and for a dict with an unknown
+        or a missing key (naming the key).
+    """
+    if isinstance(call, CallSpec):
+        return call
+    if isinstance(call, Mapping):
+        accepted = CALL_KEYS + OPTIONAL_CALL_KEYS
+        for key in call:
+            if key not in accepted:
+                raise FastUlyssesError(f"calls[{index}] has the unknown key {key!r}: a call dict "
+                                       f"takes {', '.join(accepted)}")
+        for key in CALL_KEYS:
+            if key not in call:
+                raise FastUlyssesError(f"calls[{index}] has no key {key!r}: a call dict needs "
+                                       f"{', '.join(CALL_KEYS)} (and may have "
+                                       f"{', '.join(OPTIONAL_CALL_KEYS)})")
+        return CallSpec(**call)
+    raise FastUlyssesError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
+                           f"fast_ulysses.CallSpec values, or dicts with the keys "
+                           f"{', '.join(CALL_KEYS)} (and optionally "
+                           f"{', '.join(OPTIONAL_CALL_KEYS)})")
+
+
+def window_bytes_by_tag(calls: Iterable[CallSpec | Mapping], world_size: int,
+                        rank: int) -> dict[str, int]:
     """The window every declared tag needs: the largest `window_bytes` of its calls.
 
     Arguments:
-        calls: the declared calls (an iterable of `CallSpec`).
+        calls: the declared calls: an iterable of `CallSpec`, or of dicts with its field names
+            as keys (`as_call_spec`).
         world_size, rank: the group's size and this rank.
 
     Returns:
         {tag: bytes}, tags in the order they first appear.
 
     Raises:
-        ValueError naming the call (by position) that is not a CallSpec, has a bad tag or a
-        dtype whose element size the ops reject, or that the plan rejects.
+        FastUlyssesError naming the call (by position) that is neither a CallSpec nor such a
+        dict, has an unknown or missing key, a bad tag or a dtype whose element size the ops
+        reject, or that the plan rejects.
     """
     sizes: dict[str, int] = {}
     for index, call in enumerate(calls):
-        if not isinstance(call, CallSpec):
-            raise FastUlyssesError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
-                             "fast_ulysses.CallSpec values")
+        call = as_call_spec(call, index)
         try:
             check_tag(call.tag)
         except ValueError as error:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 import fast_ulysses
+from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.plan import limits
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec, check_input, window_bytes_by_tag
@@ -193,6 +194,108 @@ def test_reserve_checks_calls(world1):
     group.reserve([CallSpec((1, 6, 8, 128), torch.bfloat16, 0, "q")])
     with pytest.raises(ValueError, match="element size"):
         group.reserve([CallSpec((1, 6, 8, 128), torch.float64, 0, "q")])
+
+
+def test_reserve_takes_dicts_as_call_specs(world1):
+    """A dict with CallSpec's field names declares the same call as the CallSpec; both kinds
+    mix in one reserve()."""
+    calls = [{"tag": "q", "shape": (1, 6, 8, 16), "mode": 0, "dtype": "fp32"},
+             {"tag": "o", "shape": (8, 2, 6, 16), "mode": fast_ulysses.Mode.HEAD_TO_SEQ,
+              "dtype": torch.bfloat16, "seq_splits": [8], "head_splits": (6,), "layout": "sbhd"}]
+    specs = [CallSpec(**call) for call in calls]
+    assert window_bytes_by_tag(calls, 1, 0) == window_bytes_by_tag(specs, 1, 0) == \
+        {"q": 1 * 6 * 8 * 16 * 4, "o": 8 * 2 * 6 * 16 * 2}
+    group = TorchUlyssesGroup(world1)
+    group.reserve([calls[0], specs[1], {"tag": "k", "shape": [1, 6, 8, 16], "mode": 0,
+                                        "dtype": torch.float32}])
+    assert group.stats()["sealed"] is True and group.stats()["tags"] == 3
+    x = torch.arange(768.0).reshape(1, 6, 8, 16)
+    assert torch.equal(group.all_to_all_single_4d(x, 0, "q"), x)
+    assert torch.equal(group.all_to_all_single_4d(x, 0, "k"), x)
+    with pytest.raises(FastUlyssesError, match="needs a window of 6144 bytes but it was "
+                                               "declared with 3072"):
+        group.all_to_all_single_4d(torch.ones(8, 2, 6, 16), 1, "o", layout="sbhd")
+
+
+GOOD = {"tag": "q", "shape": (1, 6, 8, 128), "mode": 0, "dtype": "bf16"}
+
+
+@pytest.mark.parametrize("call,message", [
+    ({k: v for k, v in GOOD.items() if k != "dtype"},
+     r"^calls\[1\] has no key 'dtype': a call dict needs tag, shape, mode, dtype \(and may "
+     r"have seq_splits, head_splits, layout\)$"),
+    ({k: v for k, v in GOOD.items() if k != "tag"}, r"^calls\[1\] has no key 'tag'"),
+    (dict(GOOD, layuot="bshd"),
+     r"^calls\[1\] has the unknown key 'layuot': a call dict takes tag, shape, mode, dtype, "
+     r"seq_splits, head_splits, layout$"),
+    ({**GOOD, 1: 2}, r"^calls\[1\] has the unknown key 1: "),
+    (dict(GOOD, mode=2), r"^calls\[1\] \(tag 'q'\): mode"),
+    (dict(GOOD, tag=""), r"^calls\[1\]: tag is '': a tag must"),
+    ([1, 6, 8, 128], r"^calls\[1\] is a list: reserve takes fast_ulysses.CallSpec values, or "
+                     r"dicts with the keys tag, shape, mode, dtype"),
+])
+def test_reserve_refuses_bad_call_dicts_naming_the_call_and_key(world1, call, message):
+    """reserve() and window_bytes_by_tag (shared by both groups) refuse a bad dict with
+    FastUlyssesError naming calls[index] and the key; a refused reserve() seals nothing."""
+    with pytest.raises(FastUlyssesError, match=message):
+        window_bytes_by_tag([GOOD, call], 8, 0)
+    group = TorchUlyssesGroup(world1)
+    with pytest.raises(FastUlyssesError, match=message):
+        group.reserve([dict(GOOD, shape=(1, 6, 1, 128)), call])
+    assert group.stats()["sealed"] is False and group.stats()["tags"] == 0
+
+
+def test_every_refusal_of_the_fallback_is_a_fast_ulysses_error(world1, monkeypatch):
+    """Refusals raised in C++ (the tensor rule, the plan, the tag rules, the borrowed grad
+    rule: plain ValueErrors there) and in Python, and the use of a destroyed group, reach the
+    caller as FastUlyssesError (so `except ValueError` and `except RuntimeError` catch them)."""
+    group = TorchUlyssesGroup(world1)
+    x = torch.ones(1, 2, 2, 8)
+    group.all_to_all_single_4d_borrowed(x, 0, "deferred", barrier=False)
+    refusals = {
+        "tensor": lambda: group.all_to_all_single_4d(torch.ones(2, 3, 8), 0, "t"),
+        "plan": lambda: group.all_to_all_single_4d(x, 0, "t", head_splits=[3]),
+        "layout": lambda: group.all_to_all_single_4d_borrowed(x, 0, "t", layout="bsdh"),
+        "mode": lambda: group.all_to_all_single_4d(x, 2, "t"),
+        "deferred tag": lambda: group.all_to_all_single_4d(x, 0, "deferred"),
+        "borrowed grad": lambda: group.all_to_all_single_4d_borrowed(
+            x.clone().requires_grad_(True), 0, "t"),
+        "out": lambda: group.all_to_all_single_4d(x, 0, "t", out=torch.ones(1, 2, 2, 4)),
+        "reserve": lambda: group.reserve([CallSpec((1, 2, 3, 8), "fp64", 0, "t")]),
+    }
+    for name, refusal in refusals.items():
+        with pytest.raises(ValueError) as info:
+            refusal()
+        assert type(info.value) is FastUlyssesError, f"{name}: {info.value!r}"
+    group.barrier()
+    group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, "t")])
+    with pytest.raises(FastUlyssesError, match="not declared and the pool is sealed"):
+        group.all_to_all_single_4d(x, 0, "undeclared")
+    group.destroy()
+    for use in (lambda: group.all_to_all_single_4d(x, 0, "t"), group.barrier, group.stats,
+                lambda: group.all_to_all_single_4d_borrowed(x, 0, "t"),
+                lambda: group.reserve([])):
+        with pytest.raises(FastUlyssesError, match="destroyed") as info:
+            use()
+        assert isinstance(info.value, RuntimeError)
+    import fast_ulysses.torch_group as torch_group
+
+    monkeypatch.setattr(torch_group.dist, "get_world_size", lambda group=None: 9)
+    with pytest.raises(FastUlyssesError, match=r"^world_size=9: must be in \[1, 8\]"):
+        TorchUlyssesGroup(world1)
+
+
+def test_out_fills_the_callers_tensor_at_one_rank(world1):
+    """At P = 1 too: out= is filled and returned, bit-exact; an out that is x itself (the
+    output has x's shape at P = 1) is refused as overlapping, before anything is written."""
+    group = TorchUlyssesGroup(world1)
+    x = torch.randn(2, 3, 4, 8).to(torch.bfloat16)
+    for mode, layout in ((0, "bshd"), (1, "bshd"), (0, "sbhd"), (1, "bhsd")):
+        out = torch.full_like(x, float("nan"))
+        assert group.all_to_all_single_4d(x, mode, "o", layout=layout, out=out) is out
+        assert torch.equal(out.view(torch.int16), x.view(torch.int16))
+    with pytest.raises(FastUlyssesError, match="^out overlaps x in memory"):
+        group.all_to_all_single_4d(x, 0, "o", out=x)
 
 
 # The fast group's per-tag rules hold on the fallback too (one C++ definition, csrc/plan/
