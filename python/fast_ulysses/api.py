@@ -14,6 +14,9 @@ import torch
 from .errors import FastUlyssesError
 
 
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)  # what the ops' int arguments hold
+
+
 class Mode(enum.IntEnum):
     """The direction of an all-to-all. Plain ints (0, 1) are accepted wherever a Mode is."""
 
@@ -25,12 +28,14 @@ def as_mode(mode) -> int:
     """`mode` as the plain int the ops take (a `Mode` or any int; the plan checks its range).
 
     Raises:
-        ValueError if mode is not an int (a bool is not one here).
+        FastUlyssesError if mode is not an int (a bool is not one here) or does not fit int64.
     """
     if isinstance(mode, int) and not isinstance(mode, bool):
-        return int(mode)
+        value = int(mode)
+        if _INT64[0] <= value <= _INT64[1]:
+            return value
     raise FastUlyssesError(f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 "
-                     "(Mode.HEAD_TO_SEQ)")
+                           "(Mode.HEAD_TO_SEQ)")
 
 
 def as_splits(values, name: str = "splits") -> list[int] | None:
@@ -56,6 +61,9 @@ def as_splits(values, name: str = "splits") -> list[int] | None:
     for i, v in enumerate(out):
         if type(v) is not int:  # (the common case costs one type check per entry)
             out[i] = _as_int(v, f"{name}[{i}]", "split sizes must be ints")
+        if not _INT64[0] <= out[i] <= _INT64[1]:
+            raise FastUlyssesError(f"{name}[{i}] is {out[i]}: it must fit in int64 (-2^63 to "
+                                   "2^63 - 1)")
     return out
 
 

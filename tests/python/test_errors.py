@@ -43,3 +43,15 @@ def test_refusals_from_cpp_reach_the_caller_as_ours():
         fu.plan(2, 0, 0, (1, 4, 4, 8), "bf16", layout="bsdh")
     with pytest.raises(FastUlyssesError, match="head_splits"):
         fu.plan(2, 0, 0, (1, 4, 5, 8), "bf16")
+
+
+def test_group_arguments_beyond_int64_are_refused_by_name():
+    """The groups' entry points convert splits and mode with api.as_splits / as_mode: an int
+    beyond int64 is refused by name, never passed on to the op's schema (a RuntimeError)."""
+    from fast_ulysses.api import as_mode, as_splits
+
+    with pytest.raises(FastUlyssesError, match=r"head_splits\[1\] is 9223372036854775808"):
+        as_splits([1, 2 ** 63], "head_splits")
+    with pytest.raises(FastUlyssesError, match="mode is"):
+        as_mode(2 ** 64)
+    assert as_splits([0, 2 ** 63 - 1], "seq_splits") == [0, 2 ** 63 - 1]
