@@ -91,17 +91,18 @@ def test_watchdog_abort_ends_a_hung_job(tmp_path):
 def test_fast_path_split_mismatch_ends_in_the_watchdogs_report(tmp_path, nproc):
     """Rank 0 passes head_splits, the others do not (no FAST_ULYSSES_DEBUG): no byte of a
     mismatched call reaches a peer's window, another tag's window is intact, and every rank's
-    watchdog reports the call naming the peer whose release was for a different call, then ends
-    the process (tests/distributed/fast_mismatch.py)."""
+    watchdog reports the call naming a peer whose release was for a different call
+    (tests/distributed/fast_mismatch.py; each rank exits 3 after the report)."""
     worker = WORKER.with_name("fast_mismatch.py")
-    env = dict(SHARED_GPU_ENV, FAST_ULYSSES_WATCHDOG_S="5", FAST_ULYSSES_WATCHDOG_ACTION=None)
+    env = dict(SHARED_GPU_ENV, FAST_ULYSSES_WATCHDOG_S="5", FAST_ULYSSES_WATCHDOG_ACTION="report")
     run = launch(worker, nproc, tmp_path, timeout=120, env=env)
     for r in run.ranks:
         assert f"rank {r.rank}: windows intact" in r.output, run.describe()
-        assert r.returncode not in (None, 0), f"rank {r.rank} was not ended\n{run.describe()}"
         assert "of tag 'bad' has not completed after" in r.output, run.describe()
         assert "for a different call (signature 0x" in r.output, run.describe()
-        assert "the watchdog did not end the process" not in r.output, run.describe()
+        # 3: the rank ended itself after its report; None: the launcher ended it once another
+        # rank had (every report is out by then: 5 s against the ranks' 10 s).
+        assert r.returncode in (3, None), f"rank {r.rank}: {r.status()}\n{run.describe()}"
 
 
 # -- the worker's own pieces, on CPU --------------------------------------------------------
@@ -125,7 +126,7 @@ def test_watchdog_check_accepts_the_report_it_expects():
     (WATCHDOG_REPORT.replace("group '3'", "group '4'"), "does not name the group"),
     (WATCHDOG_REPORT.replace("tag 'late'", "tag 'early'"), "does not name the group"),
     (WATCHDOG_REPORT.replace("after 2 s", "after 1 s"), "before the 2 s timeout"),
-    (WATCHDOG_REPORT.replace("[- 1 0]", "[- 1]"), "held flags"),
+    (WATCHDOG_REPORT.replace("[- 1 2147483649]", "[- 1]"), "held flags"),
     (WATCHDOG_REPORT.replace(" landed (1", " gone (1"), "lacks the landed flags"),
 ])
 def test_watchdog_check_rejects_a_wrong_report(text, why):
