@@ -34,6 +34,7 @@ def as_mode(mode) -> int:
         value = int(mode)
         if _INT64[0] <= value <= _INT64[1]:
             return value
+        raise FastUlyssesError(f"mode is {value}: it must fit in int64 (-2^63 to 2^63 - 1)")
     raise FastUlyssesError(f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 "
                            "(Mode.HEAD_TO_SEQ)")
 
