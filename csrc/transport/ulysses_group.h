@@ -135,10 +135,9 @@ class UlyssesGroup {
                            const std::string& tag) const;
   // Leaves the caller's wait to a c10d Work registered for `result` (call_work.h).
   void defer_join(const at::Tensor& result, const at::Tensor& x, bool owned, CallKind kind,
-                  const TagState& tag, cudaStream_t caller);
-  // Drops, oldest first, the Works that were waited for on the caller's stream or that the
-  // device has passed (unregistering those never waited for, letting go of what they hold).
-  void prune_works();
+                  const TagState& tag);
+  // Drops the Works the device has passed or that were waited for (unregistering the others).
+  void prune_works(size_t keep);
   // Opening handshake, on comm_ or a stream being captured.
   void open(const Call& call, cudaStream_t stream);
   void close(int slot, cudaStream_t stream);
