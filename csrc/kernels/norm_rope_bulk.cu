@@ -71,9 +71,9 @@ __host__ __device__ inline size_t stage_bytes(const NormRopeArgs& a, int element
 
 // kMaxThreads and kMinBlocks cap the registers (65536 / (kMaxThreads * kMinBlocks)): the
 // instantiations below hold three blocks of 160 (Wan, 40 heads) or 192 (HunyuanVideo, 24
-// heads) threads per multiprocessor (128 and 96 registers with the held weights; at the four
-// blocks an earlier version ran, the held weights spill). The held weights at three blocks
-// were faster than per-token weight loads at four (docs/BENCHMARK.md, 2026-12-06). A block
+// heads) threads per multiprocessor (128 and 96 registers with the held weights; at four
+// blocks the held weights spill). The held weights at three blocks were measured faster than
+// per-token weight loads at four blocks (docs/BENCHMARK.md). A block
 // runs tokens blockIdx.x, + gridDim.x, ...; the grid is one wave (launch_norm_rope_bulk).
 template <typename T, int kUnits, int kMaxThreads, int kMinBlocks>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel(NormRopeArgs a) {

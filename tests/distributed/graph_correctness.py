@@ -51,7 +51,8 @@ CHECKS: list = []  # (name, letter, function), in run order
 
 
 def check(letter: str):
-    """Registers a check; `letter` is the item of the brief it covers (issue 9, item 2)."""
+    """Registers a check under `letter`, the group of checks it belongs to (a-g, each headed
+    `# -- <letter>: ...` below); `--only <letter>` runs every check of that group."""
     def register(fn):
         CHECKS.append((fn.__name__.removeprefix("check_"), letter, fn))
         return fn

@@ -1,4 +1,4 @@
-"""GPU tests of CUDA-graph capture (issue 9, item 2): P = 1..8 ranks sharing this machine's first
+"""GPU tests of CUDA-graph capture: P = 1..8 ranks sharing this machine's first
 GPU over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1), each run once as the worker
 tests/distributed/graph_correctness.py through tests/multirank.py (every entry point captured and
 replayed, a captured attention layer, eager calls between replays, a tag's first owned call after
