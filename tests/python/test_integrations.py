@@ -78,7 +78,10 @@ X = torch.zeros(1, 2, 2, 8)
     (lambda g: yunchang.SeqAllToAll5D.apply(g, X), r"takes a 5-d"),
     (lambda g: diffusers._all_to_all_dim_exchange(X, 2, 3, g), r"scatter_idx=2, gather_idx=3"),
     (lambda g: fastvideo.all_to_all_4D(X, 1, 1, group=g), r"scatter_dim=1, gather_dim=1"),
-    (lambda g: deepspeed.DistributedAttention(None, g, 1, 0), r"scatter_idx=1, gather_idx=0"),
+    # Every int (scatter_idx, gather_idx) is accepted, as DeepSpeed does (test_deepspeed_adapter).
+    (lambda g: deepspeed.DistributedAttention(None, g, 2.0, 0), r"scatter_idx=2.0: it must be an int"),
+    (lambda g: deepspeed.DistributedAttention(None, g, num_kv_heads=0),
+     r"num_kv_heads=0: it must be None or a positive int"),
     (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 2),
      r"batch_dim_idx=2: it must be 0"),
     (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, X),

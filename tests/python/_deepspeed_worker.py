@@ -1,0 +1,198 @@
+"""One rank of tests/python/test_deepspeed_adapter.py (gloo CPU ranks; P = 1, 2, 3 as the last
+P ranks of the world): fast_ulysses.integrations.deepspeed.DistributedAttention against the
+installed deepspeed.sequence.layer.DistributedAttention (0.19.8) with the same local attention,
+bit for bit, output and every input's gradient:
+- deepspeed_pairs_P<p>: every (scatter_idx, gather_idx) of -1..3 x -1..3, batch_dim_idx 0 and
+  1, shapes chosen so DeepSpeed's even-heads path accepts them. For a pair on the same side of
+  2 at P > 1 the forward is compared, and the backward must fail in both (ours with
+  FastUlyssesError);
+- deepspeed_rotary_P<p>: rotary_pos_emb with (2, 0) and (1, 2), both layouts;
+- deepspeed_errors_P<p> (P > 1): key heads not divisible by P (DeepSpeed's uneven path),
+  fewer key heads than P, q heads or a scattered sequence not divisible by P (DeepSpeed errors
+  on these three) raise FastUlyssesError.
+Every rank's input is different, so a chunk sent to the wrong rank shows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from fast_ulysses.attention import group_for  # noqa: E402
+from fast_ulysses.errors import FastUlyssesError  # noqa: E402
+from fast_ulysses.integrations import deepspeed as ours  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _integrations_worker as adapters  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+
+INDICES = (-1, 0, 1, 2, 3)
+CHECKS = ("deepspeed_pairs", "deepspeed_rotary", "deepspeed_errors")
+
+
+def side(idx) -> int:
+    """DeepSpeed's direction: 1 scatters the sequence (idx < 2), 0 scatters heads."""
+    return 1 if idx < 2 else 0
+
+
+def bshd_shape(scatter_idx, gather_idx, P):
+    """A (b, s, h, d) input DeepSpeed's even path accepts for the pair at P (key heads too)."""
+    m_in, m_out = side(scatter_idx), side(gather_idx)
+    if (m_in, m_out) == (0, 1):
+        return (2, 3, 2 * P, 8)
+    if (m_in, m_out) == (1, 0):
+        return (2, 3 * P, P, 8)
+    if m_in == 0:  # heads scattered twice
+        return (2, 3, P * P, 8)
+    return (2, 3 * P * P, P, 8)  # sequence scattered twice
+
+
+def shape_for(batch_dim_idx, bshd):
+    b, s, h, d = bshd
+    return bshd if batch_dim_idx == 0 else (s, b, h, d)
+
+
+def modules(scatter_idx, gather_idx, pg):
+    from deepspeed.sequence.layer import DistributedAttention as Upstream
+
+    return (ours.DistributedAttention(adapters.local_attention, pg, scatter_idx, gather_idx),
+            Upstream(adapters.local_attention, pg, scatter_idx, gather_idx))
+
+
+def call(module, batch_dim_idx, rotary=None):
+    layout = "bshd" if batch_dim_idx == 0 else "sbhd"
+    return lambda x: module(x, x * 2, x + 1, batch_dim_idx, rotary, layout)
+
+
+def compare_no_backward(label, f_ours, f_upstream, shape, seed):
+    """Forward bit for bit; then both backwards must fail, ours with FastUlyssesError."""
+    g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
+    x = torch.randn(shape, generator=g)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = f_ours(xa), f_upstream(xb)
+    assert adapters.same_bits(a.detach(), b.detach()), f"{label}: forward differs from DeepSpeed"
+    w = torch.randn(a.shape, generator=g)
+    try:
+        (b * w).sum().backward()
+    except Exception:  # noqa: BLE001 - DeepSpeed's: an AssertionError or autograd's RuntimeError
+        pass
+    else:
+        raise AssertionError(f"{label}: DeepSpeed's backward did not fail")
+    try:
+        (a * w).sum().backward()
+    except FastUlyssesError as error:
+        assert "no backward" in str(error), f"{label}: {error}"
+    else:
+        raise AssertionError(f"{label}: our backward did not raise FastUlyssesError")
+
+
+def check_pairs(pg, P):
+    n = 0
+    for scatter_idx in INDICES:
+        for gather_idx in INDICES:
+            for batch_dim_idx in (0, 1):
+                n += 1
+                label = (f"DistributedAttention(scatter_idx={scatter_idx}, "
+                         f"gather_idx={gather_idx}) batch_dim_idx={batch_dim_idx}")
+                shape = shape_for(batch_dim_idx, bshd_shape(scatter_idx, gather_idx, P))
+                mine, theirs = modules(scatter_idx, gather_idx, pg)
+                f_ours, f_up = call(mine, batch_dim_idx), call(theirs, batch_dim_idx)
+                if side(scatter_idx) == side(gather_idx) and P > 1:
+                    compare_no_backward(label, f_ours, f_up, shape, 100 + n)
+                else:
+                    adapters.compare(label, f_ours, f_up, shape, torch.device("cpu"), 100 + n)
+
+
+def check_rotary(pg, P):
+    g = torch.Generator().manual_seed(41)
+    n = 0
+    for scatter_idx, gather_idx in ((2, 0), (1, 2)):
+        bshd = bshd_shape(scatter_idx, gather_idx, P)
+        # the sequence length q has after its all-to-all
+        s_after = bshd[1] * P if side(scatter_idx) == 0 else bshd[1] // P
+        for batch_dim_idx in (0, 1):
+            n += 1
+            table = (torch.rand(s_after, 1, 1, 4, generator=g) if batch_dim_idx == 0
+                     else torch.rand(2, s_after, 1, 4, generator=g)) * 6.28
+            rotary = (table.cos(), table.sin())
+            mine, theirs = modules(scatter_idx, gather_idx, pg)
+            adapters.compare(f"DistributedAttention(scatter_idx={scatter_idx}, gather_idx="
+                             f"{gather_idx}) batch_dim_idx={batch_dim_idx} with rotary_pos_emb",
+                             call(mine, batch_dim_idx, rotary), call(theirs, batch_dim_idx, rotary),
+                             shape_for(batch_dim_idx, bshd), torch.device("cpu"), 200 + n)
+
+
+def check_errors(pg, P):
+    x = torch.randn(2, 3, P + 1, 8)  # key heads P + 1: not divisible by P > 1
+    for kw in ({}, {"num_kv_heads": P + 1}):
+        module = ours.DistributedAttention(adapters.local_attention, pg, **kw)
+        try:
+            module(x, x, x, 0, None, "bshd")
+        except FastUlyssesError as error:
+            assert "uneven-heads path is not supported" in str(error), str(error)
+        else:
+            raise AssertionError("uneven heads did not raise")
+    # Shapes DeepSpeed's even path refuses (an assert, a reshape error): q's heads not divisible
+    # by P where heads are scattered, the sequence not divisible where it is scattered.
+    for pair, q, kv in (((2, 0), (2, 3, P + 1, 8), (2, 3, P, 8)),
+                        ((1, 2), (2, 3 * P + 1, P, 8), (2, 3 * P + 1, P, 8))):
+        mine, theirs = modules(*pair, pg)
+        for module, error_type in ((theirs, (AssertionError, RuntimeError)),
+                                   (mine, FastUlyssesError)):
+            qt, kvt = torch.randn(q), torch.randn(kv)
+            try:
+                module(qt, kvt, kvt, 0, None, "bshd")
+            except error_type:
+                pass
+            else:
+                raise AssertionError(f"{pair} q {q}, k {kv}: {module} accepted it")
+    # (1, 2) with 1 local key head < P: DeepSpeed asserts; ours raises before sending.
+    y = torch.randn(2, 3 * P, 1, 8)
+    mine, theirs = modules(1, 2, pg)
+    try:
+        theirs(y, y, y, 0, None, "bshd")
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("DeepSpeed accepted fewer key heads than P")
+    try:
+        mine(y, y, y, 0, None, "bshd")
+    except FastUlyssesError as error:
+        assert f"key.shape[2]=1: DeepSpeed needs at least the sequence parallel size P={P}" \
+            in str(error), str(error)
+    else:
+        raise AssertionError("fewer key heads than P did not raise")
+
+
+FUNCTIONS = {"deepspeed_pairs": check_pairs, "deepspeed_rotary": check_rotary,
+             "deepspeed_errors": check_errors}
+
+
+def main() -> int:
+    def body(report, pg, P, device):
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        for name in CHECKS:
+            if name == "deepspeed_errors" and P == 1:
+                continue
+            with report.check(f"{name}_P{P}"):
+                FUNCTIONS[name](pg, P)
+        group_for(pg).destroy()  # the registry's group for pg (collective)
+
+    return run_on_subgroups(False, body)
+
+
+def check_names(world: int) -> list[str]:
+    return [f"{name}_P{P}" for P in subgroup_sizes(world, False) for name in CHECKS
+            if not (name == "deepspeed_errors" and P == 1)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
