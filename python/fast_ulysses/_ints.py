@@ -71,15 +71,3 @@ def as_ints(values, name: str) -> list[int]:
         if type(v) is not int or not INT64_MIN <= v <= INT64_MAX:
             out[i] = as_int(v, f"{name}[{i}]")
     return out
-
-
-def check_int64(values: list[int] | None, name: str) -> list[int] | None:
-    """`values` (a list of ints, e.g. from `api.as_splits`, or None) unchanged.
-
-    Raises:
-        FastUlyssesError naming `name[i]` for an entry outside int64.
-    """
-    if values and (max(values) > INT64_MAX or min(values) < INT64_MIN):
-        i, v = next((i, v) for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
-        raise FastUlyssesError(f"{name}[{i}] is {v}: {INT64_RANGE}")
-    return values

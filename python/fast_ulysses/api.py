@@ -44,8 +44,9 @@ def as_splits(values, name: str = "splits") -> list[int] | None:
     entry point and `plan()` convert splits here, so both groups take and refuse the same ones.
 
     Raises:
-        ValueError naming `name` and the entry for anything that is not an integer (a float is
-        never cut short, a bool is not a size) or a `values` that is not a sequence.
+        FastUlyssesError naming `name` and the entry for anything that is not an integer (a
+        float is never cut short, a bool is not a size) or does not fit int64, or a `values`
+        that is not a sequence.
     """
     if values is None:
         return None

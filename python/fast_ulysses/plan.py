@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ._ints import as_int, as_ints, check_int64
+from ._ints import as_int, as_ints
 from ._ops import ops
 from .api import as_mode, as_splits
 from .errors import FastUlyssesError, refused
@@ -35,7 +35,7 @@ def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: 
         world_size, rank = as_int(world_size, "world_size"), as_int(rank, "rank")
         mode = _mode(mode)
         batch, head_dim = as_int(batch, "batch"), as_int(head_dim, "head_dim")
-        splits = [_splits(seq_splits, "seq_splits"), _splits(head_splits, "head_splits")]
+        splits = [as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits")]
         for values, name in zip(splits, ("seq_splits", "head_splits")):
             if values is None:
                 raise FastUlyssesError(f"{name} is None: input_shape takes explicit splits, one "
@@ -52,11 +52,6 @@ def _mode(mode) -> int:
     if type(mode) is int and 0 <= mode <= 1:  # (the per-call case)
         return mode
     return as_int(as_mode(mode), "mode")
-
-
-def _splits(values, name: str) -> list[int] | None:
-    """`as_splits`'s rule (the groups'), then int64."""
-    return check_int64(as_splits(values, name), name)
 
 
 def _layout(layout) -> str:
@@ -196,8 +191,8 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
         shape = as_ints(shape, "shape")
         element_size = _element_size(dtype)
         rows, output_shape, seq, heads, window_bytes = ops.plan(
-            world_size, rank, mode, shape, element_size, _splits(seq_splits, "seq_splits"),
-            _splits(head_splits, "head_splits"), _layout(layout))
+            world_size, rank, mode, shape, element_size, as_splits(seq_splits, "seq_splits"),
+            as_splits(head_splits, "head_splits"), _layout(layout))
     except ValueError as error:
         raise refused(error) from None
     columns = ops.descriptor_fields()  # the C++ column order, by name
