@@ -12,17 +12,36 @@ JoinRequest& join_request() {
   return request;
 }
 
-CallWork::CallWork(EventPool::Event done, int device_index)
-    : c10d::Work(-1, c10d::OpType::ALLTOALL), done_(std::move(done)), device_index_(device_index) {}
+CallWork::CallWork(EventPool::Event done, int device_index, cudaStream_t caller,
+                   std::vector<at::Tensor> held)
+    : c10d::Work(-1, c10d::OpType::ALLTOALL),
+      done_(std::move(done)),
+      device_index_(device_index),
+      caller_(caller),
+      held_(std::move(held)) {}
 
 bool CallWork::wait(std::chrono::milliseconds /*timeout*/) {
   if (!waited_.exchange(true, std::memory_order_acq_rel)) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-    FU_CUDA_CHECK(cudaStreamWaitEvent(
-        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_)).stream(),
-        *done_, 0));
+    const auto device = static_cast<c10::DeviceIndex>(device_index_);
+    c10::cuda::CUDAGuard guard(device);
+    cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
+    FU_CUDA_CHECK(cudaStreamWaitEvent(current, *done_, 0));
+    if (current == caller_) release();  // C is ordered after the call now
   }
   return true;
+}
+
+bool CallWork::holds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !held_.empty();
+}
+
+void CallWork::release() {
+  std::vector<at::Tensor> held;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held.swap(held_);
+  }
 }
 
 void CallWork::synchronize() { wait(); }

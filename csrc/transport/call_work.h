@@ -3,11 +3,20 @@
 // AsyncCollectiveTensor runs on its first use) makes the stream current at that point wait for
 // the call's closing event, on the device; the host never blocks. Work the caller queues before
 // that runs beside the transfer.
+//
+// It also holds the tensors the communication stream still reads or writes (the input, an owned
+// result), so that their memory is not handed to other work on the caller's stream C before the
+// call is done there: it lets go of them once C itself waited (wait() on C), or once the group
+// finds the device past the call. (recordStream would do the same but delays every reuse of
+// the memory until the allocator sees the event complete; holding them lets a result consumed on
+// C be reused at once, at the same address.)
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <mutex>
+#include <vector>
 
 #include "transport/event_pool.h"
 
@@ -24,8 +33,10 @@ JoinRequest& join_request();  // this thread's
 
 class CallWork : public c10d::Work {
  public:
-  CallWork(EventPool::Event done, int device_index);
-  // The current stream (of the call's device) waits for the call's closing event; once.
+  CallWork(EventPool::Event done, int device_index, cudaStream_t caller,
+           std::vector<at::Tensor> held);
+  // The current stream (of the call's device) waits for the call's closing event; once. On the
+  // caller's stream it also lets go of the held tensors.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override;
   bool isCompleted() override;
@@ -34,11 +45,17 @@ class CallWork : public c10d::Work {
   bool waited() const { return waited_.load(std::memory_order_acquire); }
   // Whether the device has passed the closing event (so nothing is left to wait for).
   bool done() const;
+  // Whether it still holds tensors (waited on another stream than the caller's, or not yet).
+  bool holds() const;
+  void release();
 
  private:
   EventPool::Event done_;
   int device_index_;
+  cudaStream_t caller_;
   std::atomic<bool> waited_{false};
+  mutable std::mutex mutex_;
+  std::vector<at::Tensor> held_;
 };
 
 }  // namespace fast_ulysses::transport

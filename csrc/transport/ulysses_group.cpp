@@ -57,8 +57,6 @@ bool capturing(cudaStream_t stream) {
 }
 
 constexpr size_t kMaxCachedPlans = 1024;
-// Deferred joins kept before the oldest that the device has passed are dropped.
-constexpr size_t kKeptWorks = 16;
 
 // [first, last) bytes of a contiguous tensor.
 std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
@@ -117,8 +115,10 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
 UlyssesGroup::~UlyssesGroup() {
   watchdog_.reset();
   // (At process exit without destroy(): c10d's registry, built before any group, still exists.)
-  for (const auto& work : works_)
+  for (const auto& work : works_) {
     if (!work->waited()) c10d::unregister_work(work);
+    work->release();
+  }
 }
 
 const Plan& UlyssesGroup::plan(const std::vector<int64_t>& key,
@@ -395,7 +395,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   if (defer_caller) {
     // The own share went on C: M's closing event must come after it too.
     if (!fused && !own_issued) events_.join(caller, comm_);
-    defer_join(out, x, owned, kind, tag);
+    defer_join(out, x, owned, kind, tag, caller);
     if (fused)
       for (const at::Tensor& read : fused->reads) record_stream(read, comm_, device_.index());
     profile_.mark(Stage::kFinish);
@@ -464,28 +464,31 @@ void UlyssesGroup::join_caller(cudaStream_t caller, CallKind kind,
 }
 
 void UlyssesGroup::defer_join(const at::Tensor& result, const at::Tensor& x, bool owned,
-                              CallKind kind, const TagState& tag) {
-  // C does not wait for M before this returns: memory M still reads or writes must not be
-  // handed to other work on C before M is done with it.
-  record_stream(x, comm_, device_.index());
-  if (owned) record_stream(result, comm_, device_.index());
+                              CallKind kind, const TagState& tag, cudaStream_t caller) {
+  // C does not wait for M before this returns: memory M still reads or writes (x, an owned
+  // result) must not be handed to other work on C before M is done with it. The Work holds it
+  // until then (call_work.h).
+  std::vector<at::Tensor> held = {x};
+  if (owned) held.push_back(result);
   auto done = events_.record(comm_);
   watchdog_->watch(done, kind, tag.watched, tag.slot, tag.calls);
-  prune_works(kKeptWorks);
-  auto work = c10::make_intrusive<CallWork>(std::move(done), device_.index());
+  prune_works();
+  auto work =
+      c10::make_intrusive<CallWork>(std::move(done), device_.index(), caller, std::move(held));
   c10d::register_work(result, work);
   works_.push_back(std::move(work));
   unjoined_ = true;
   join_request().deferred = true;
 }
 
-void UlyssesGroup::prune_works(size_t keep) {
+void UlyssesGroup::prune_works() {
   while (!works_.empty()) {
-    const auto& oldest = works_.front();
-    if (!oldest->waited()) {
-      // Still in flight, or not worth a query yet: its result may yet be used.
-      if (works_.size() <= keep || !oldest->done()) return;
-      c10d::unregister_work(oldest);  // the device is past it: nothing left to wait for
+    CallWork& oldest = *works_.front();
+    if (!oldest.waited() || oldest.holds()) {
+      if (!oldest.done()) return;  // still in flight: its result may yet be used
+      // The device is past it: nothing is left to wait for or to hold.
+      if (!oldest.waited()) c10d::unregister_work(works_.front());
+      oldest.release();
     }
     works_.pop_front();
   }
@@ -533,7 +536,7 @@ void UlyssesGroup::quiesce() {
   c10::cuda::CUDAGuard guard(device_);
   FU_CUDA_CHECK(cudaStreamSynchronize(comm_));
   FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index()).stream()));
-  prune_works(0);  // every deferred join is done now: none is left in c10d's registry
+  prune_works();  // every deferred join is done now: none is left in c10d's registry
   c10d::resolve_process_group(group_name_)->barrier()->wait();
 }
 

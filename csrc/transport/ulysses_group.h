@@ -70,9 +70,7 @@ class UlyssesGroup {
 
   // Owned: returns a new tensor. Borrowed: returns a view of this rank's window for `tag`,
   // valid until the next call with that tag; with barrier == false the closing handshake is
-  // left to barrier(). The result is ready in the caller's stream order, except for an eager
-  // call made with join_request().defer, whose caller waits when the result is first used
-  // (call_work.h).
+  // left to barrier(). Either way the result is ready in the caller's stream order.
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   // With `fused`, one kernel writes every chunk (this rank's own too, into its window) instead
   // of the copies; an owned result is then copied out of the window whole.
@@ -137,9 +135,10 @@ class UlyssesGroup {
                            const std::string& tag) const;
   // Leaves the caller's wait to a c10d Work registered for `result` (call_work.h).
   void defer_join(const at::Tensor& result, const at::Tensor& x, bool owned, CallKind kind,
-                  const TagState& tag);
-  // Drops the Works the device has passed or that were waited for (unregistering the others).
-  void prune_works(size_t keep);
+                  const TagState& tag, cudaStream_t caller);
+  // Drops, oldest first, the Works that were waited for on the caller's stream or that the
+  // device has passed (unregistering those never waited for, letting go of what they hold).
+  void prune_works();
   // Opening handshake, on comm_ or a stream being captured.
   void open(const Call& call, cudaStream_t stream);
   void close(int slot, cudaStream_t stream);
