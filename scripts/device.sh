@@ -10,8 +10,7 @@
 #   graph   the CUDA-graph suite alone (tests/gpu/test_graph_gpu.py), when `tests` is not run;
 #           GRAPH_K selects with pytest -k (e.g. GRAPH_K="5 or 8")
 #   quick   Wan 720p host cost and device time at QUICK_P (default 1 2 8; benchmarks/quick_wan.py), then
-#           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8 with
-#           FAST_ULYSSES_COPY_BATCH=0 (a copy call per peer) for the batched-copy A/B, and P = 8
+#           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8
 #           --staggered (each rank's host issue timed while the other ranks wait)
 #   eager   the eager-graph cache (FAST_ULYSSES_EAGER_GRAPHS): the a2a worker's eager_graphs
 #           check at every P (it builds groups with the switch on and off), then Wan 720p host cost
@@ -19,9 +18,6 @@
 #           (default 2 8), with the host time by stage
 #   ab      Wan 720p host cost by stage at AB_P (default 8) of the commit in .carry/old and of this
 #           tree, alternately (old, new, old, new), both installed outside the tree
-#   wide    Wan 720p host cost by stage at WIDE_P (default 8) with FAST_ULYSSES_WIDE_FLAGS=1 and =0
-#           alternately, once per run of WIDE_RUNS (default "1 2": on, off, on, off): the
-#           handshake's flags two per 64-bit operation or one each
 #   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
 #           against the commit in .carry/old: they must fail there (built by `before`, or here)
 #   node    the real-node suite, one rank per GPU (a kind with 2, 4 or 8 GPUs), at every size of
@@ -139,7 +135,6 @@ fi
 if has quick; then
   quick after
   for P in ${PROFILE_P:-1 8}; do FAST_ULYSSES_HOST_PROFILE=1 quick_one profile $P; done
-  [ "${NOBATCH:-1}" = 1 ] && FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_COPY_BATCH=0 quick_one nobatch 8
   # Each rank's issue timed alone (the others wait): what the ranks' concurrent issue costs.
   [ "${STAGGER:-1}" = 1 ] && quick_one staggered 8 --staggered
 fi
@@ -202,13 +197,6 @@ if has ab && [ -d .carry/old ] && build_old && install_new; then
     for which in old new; do
       PYTHONPATH=/tmp/$which:${PYTHONPATH:-} FAST_ULYSSES_HOST_PROFILE=1 \
         quick_one "ab_${which}$run" ${AB_P:-8}
-    done
-  done
-fi
-if has wide; then
-  for run in ${WIDE_RUNS:-1 2}; do
-    for wide in 1 0; do
-      FAST_ULYSSES_HOST_PROFILE=1 FAST_ULYSSES_WIDE_FLAGS=$wide quick_one "wide${wide}_$run" ${WIDE_P:-8}
     done
   done
 fi

@@ -24,10 +24,6 @@ const std::vector<Switch>& switches() {
        "0 (off) or 1 (accept ranks sharing one GPU: a test set-up)"},
       {"FAST_ULYSSES_EAGER_GRAPHS", true,
        "0 (call by call) or 1 (eager calls launched from cached CUDA graphs)"},
-      {"FAST_ULYSSES_COPY_BATCH", true,
-       "1 (one batched copy call per handshake) or 0 (a call per copy)"},
-      {"FAST_ULYSSES_WIDE_FLAGS", true,
-       "1 (two peers' flags per 64-bit memory operation) or 0 (one 32-bit operation a flag)"},
       {"FAST_ULYSSES_HOST_PROFILE", false,
        "0 (off) or 1 (time each stage of every call on the host)"},
   };
@@ -66,11 +62,7 @@ WatchdogSettings watchdog_settings() {
   return settings;
 }
 
-bool copy_batch_enabled() { return switch_value("FAST_ULYSSES_COPY_BATCH"); }
-
 bool eager_graphs_enabled() { return switch_value("FAST_ULYSSES_EAGER_GRAPHS"); }
-
-bool wide_flags_enabled() { return switch_value("FAST_ULYSSES_WIDE_FLAGS"); }
 
 bool host_profile_enabled() { return switch_value("FAST_ULYSSES_HOST_PROFILE"); }
 

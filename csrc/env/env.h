@@ -30,18 +30,9 @@ struct WatchdogSettings {
 
 WatchdogSettings watchdog_settings();
 
-// FAST_ULYSSES_COPY_BATCH=1 (default) | 0: issue an eager call's remote copies as one
-// cudaMemcpy3DBatchAsync, or one copy call per peer (for A/B measurements).
-bool copy_batch_enabled();
-
 // FAST_ULYSSES_EAGER_GRAPHS=1 (default) | 0: issue an eager call's work from a CUDA graph
 // cached per call signature and operands (transport/eager_graph.h), or call by call.
 bool eager_graphs_enabled();
-
-// FAST_ULYSSES_WIDE_FLAGS=1 (default) | 0: the handshake waits for and writes two peers' flags
-// with one 64-bit memory operation where the GPU supports it, or one 32-bit operation per flag
-// (for A/B measurements).
-bool wide_flags_enabled();
 
 // FAST_ULYSSES_HOST_PROFILE=0 (default) | 1: time each stage of every call on the host
 // (UlyssesGroup's host_profile op reads the sums).

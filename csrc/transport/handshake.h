@@ -18,7 +18,7 @@
 // next barrier can never write a flag that a slow peer has not yet reset.
 //
 // A rank waits for and writes its own words about its peers two at a time where the GPU takes
-// 64-bit memory operations (plan/flag_groups.h; FAST_ULYSSES_WIDE_FLAGS=0 turns that off): the
+// 64-bit memory operations (plan/flag_groups.h; elsewhere one 32-bit operation a flag): the
 // words of peers 2i and 2i+1 are adjacent, and each is written by its peer only after the rank
 // itself reset or set it, so one operation over both is the two operations in one.
 #pragma once

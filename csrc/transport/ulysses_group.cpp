@@ -98,13 +98,10 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
     : group_name_(std::move(group_name)),
       device_(device),
       watchdog_settings_(watchdog_settings()),
-      copy_batch_(copy_batch_enabled()),
       profile_(host_profile_enabled()),
       eager_graphs_on_(eager_graphs_enabled()),
-      wide_flags_on_(wide_flags_enabled()),
       pool_(group_name_, device, initial_pool_bytes),
-      handshake_(pool_.rank(), pool_.headers(),
-                 wide_flags_on_ && supports_64_bit_mem_ops(device.index())),
+      handshake_(pool_.rank(), pool_.headers(), supports_64_bit_mem_ops(device.index())),
       eager_graphs_(eager_graphs_on_) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
@@ -359,7 +356,7 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
       own_issued = !in_capture && !direct &&
                    launch_cached(x, out, plan, window, call, comm_);
       if (!own_issued)
-        issue_peers(x, out, plan, window, call, comm_, copy_batch_ && !in_capture);
+        issue_peers(x, out, plan, window, call, comm_, !in_capture);
     }
     profile_.mark(Stage::kSend);
   }

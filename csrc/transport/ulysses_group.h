@@ -93,8 +93,8 @@ class UlyssesGroup {
   int rank() const { return pool_.rank(); }
   int world_size() const { return pool_.world_size(); }
   c10::Device device() const { return device_; }
-  // (name, value) of every key of plan/group_stats.h, in its order (sealed and wide_flags 0|1):
-  // the Python stats() dict.
+  // (name, value) of every key of plan/group_stats.h, in its order (sealed and wide_flags 0|1,
+  // the latter 1 where the GPU takes 64-bit stream memory operations): the Python stats() dict.
   std::vector<std::pair<std::string, int64_t>> stats() const;
   HostProfile& profile() { return profile_; }
 
@@ -167,10 +167,8 @@ class UlyssesGroup {
   std::string group_name_;
   c10::Device device_;
   WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
-  bool copy_batch_;                      // FAST_ULYSSES_COPY_BATCH
   HostProfile profile_;                  // FAST_ULYSSES_HOST_PROFILE
   bool eager_graphs_on_;                 // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ comes later)
-  bool wide_flags_on_;                   // FAST_ULYSSES_WIDE_FLAGS (the device may still say no)
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;

@@ -32,8 +32,6 @@ def test_doctor_table_exits_0():
     ("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes", "must be 0 (off) or 1 ("),
     ("FAST_ULYSSES_DEBUG", "yes", "must be 0 (off) or 1 ("),
     ("FAST_ULYSSES_EAGER_GRAPHS", "on", "must be 0 (call by call) or 1 ("),
-    ("FAST_ULYSSES_COPY_BATCH", "2", "must be 1 (one batched copy call per handshake) or 0"),
-    ("FAST_ULYSSES_WIDE_FLAGS", "wide", "must be 1 (two peers' flags per 64-bit memory"),
     ("FAST_ULYSSES_HOST_PROFILE", "true", "must be 0 (off) or 1 (time each stage"),
     ("FAST_ULYSSES_WATCHDOG_S", "-1", "must be a number of seconds >= 0"),
     ("FAST_ULYSSES_WATCHDOG_ACTION", "kill", "must be 'report' or 'abort'"),
