@@ -4,14 +4,17 @@ into a fast-ulysses group (used by the module and by `fast_ulysses.integrations`
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .api import UlyssesGroupLike
-from .errors import FastUlyssesError
+from .api import UlyssesGroupLike, as_splits
+from .errors import FastUlyssesError, refused
+from .head_groups import check_pipeline, expand_kv, head_groups, kv_send, q_send
+from .plan import LAYOUTS, plan
 
 # One group per ProcessGroup, built by make_group on first use (a collective: every rank of
 # the process group reaches its first use at the same call, by the ordering contract).
@@ -61,36 +64,55 @@ class UlyssesAttention(torch.nn.Module):
         group: a fast-ulysses group, a torch ProcessGroup (see `group_for`) or None (the
             default process group).
         attn_fn: `attn_fn(q, k, v) -> o` on (b, h, s, d) tensors (each rank's heads, the whole
-            sequence); default `torch.nn.functional.scaled_dot_product_attention`.
+            sequence); default `torch.nn.functional.scaled_dot_product_attention`. With
+            grouped-query k and v, the default gets this rank's kv heads and
+            `enable_gqa=True` where every rank's kv heads serve equally many q heads each;
+            otherwise (and any other attn_fn always) k and v come with q's head count, each
+            kv head repeated for the q heads that use it.
         tags: the four tags of q, k, v and the output (default "fu.attn.q", ... "fu.attn.o";
             every module may share them: each call's windows are free again when it returns).
+        pipeline: G >= 1 head groups (1: no pipeline). Group g + 1's q, k and v all-to-alls
+            are issued before group g's attention, and group g's output all-to-all before
+            group g + 1's attention, so on UlyssesGroup (eager, P > 1, where results are
+            `AsyncCollectiveTensor`s) the copy engines move one group while the SMs attend to
+            another. Every call is owned. G must be at most the largest per-rank q head count
+            (checked per call).
 
     `forward(q, k, v, *, seq_splits=None, head_splits=None, layout="bshd")` takes this rank's
-    sequence shards (bshd: (b, seq_splits[r], N, d)), with one head count N for q, k and v,
-    and returns this rank's output shaped like q. Without grad, q, k and v travel as borrowed
-    calls (barrier=False) closed by one `group.barrier()`; when any of them requires grad they
-    travel as owned calls (borrowed results cannot be saved for backward), as they do under
-    torch.compile (where `barrier()` cannot run). The output always returns as an owned call.
+    sequence shards (bshd: (b, seq_splits[r], N, d)); k and v have one shape, q's or q's with
+    fewer heads (grouped-query / multi-query attention: q's head count a multiple of theirs, q
+    head i using kv head i // (Hq // Hkv)); it returns this rank's output shaped like q.
+    head_splits splits q's heads; each rank receives only the kv heads its q heads use
+    (`fast_ulysses.head_groups`). Without grad, q, k and v travel as borrowed calls
+    (barrier=False) closed by one `group.barrier()`, unless pipelined; when any of them
+    requires grad they travel as owned calls (borrowed results cannot be saved for backward),
+    as they do under torch.compile (where `barrier()` cannot run). The output always returns
+    as an owned call.
+
+    Raises:
+        FastUlyssesError: `tags` not 4 tags, `pipeline` not an int >= 1 (here); k and v of
+        different shapes, of another shape than q's but for heads, or with a head count that
+        does not divide q's; pipeline past the largest per-rank q head count; and every rule
+        of the group's calls (forward).
     """
 
     def __init__(self, group=None, attn_fn: Callable | None = None,
                  tags: tuple[str, str, str, str] = ("fu.attn.q", "fu.attn.k", "fu.attn.v",
-                                                    "fu.attn.o")):
+                                                    "fu.attn.o"), *, pipeline: int = 1):
         super().__init__()
         self.group = group
         self.attn_fn = attn_fn if attn_fn is not None else F.scaled_dot_product_attention
         if len(tags) != 4:
             raise FastUlyssesError(f"tags is {tags!r}: it must name 4 tags (q, k, v, output)")
         self.tags = tuple(tags)
+        self.pipeline = check_pipeline(pipeline)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                 seq_splits=None, head_splits=None, layout: str = "bshd") -> torch.Tensor:
         group = group_for(self.group)
-        for name, t in (("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor) and isinstance(q, torch.Tensor) and \
-                    t.shape != q.shape:
-                raise FastUlyssesError(f"{name} has shape {tuple(t.shape)} but q has "
-                                 f"{tuple(q.shape)}: q, k and v must have one shape")
+        kv_heads = _kv_heads(q, k, v, layout)
+        if kv_heads is not None or self.pipeline > 1:
+            return self._grouped(group, q, k, v, kv_heads, seq_splits, head_splits, layout)
         kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
         qkv = [t.contiguous() for t in (q, k, v)]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in qkv)
@@ -102,7 +124,116 @@ class UlyssesAttention(torch.nn.Module):
                      for t, tag in zip(qkv, self.tags)]
             group.barrier()
         order = _to_bhsd(layout)  # the plan accepted the layout: it names b, s, h and d
-        o = self.attn_fn(*(t.permute(order) for t in heads))
+        o = _call_attn(self.attn_fn, *(t.permute(order) for t in heads))
         back = [order.index(i) for i in range(4)]
         o = o.permute(back).contiguous()
         return group.all_to_all_single_4d(o, 1, self.tags[3], **kw)
+
+    def _grouped(self, group, q, k, v, kv_heads, seq_splits, head_splits, layout):
+        """Grouped-query k and v, or a pipeline: the calls of every `HeadGroup` in turn, each
+        group's input calls issued before the previous group's attention."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise FastUlyssesError(f"{name} is a {type(t).__name__}: it must be a "
+                                       "torch.Tensor")
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        splits = _q_splits(group, q, seq_splits, head_splits, layout)
+        h = layout.index("h")  # the plan accepted the layout
+        groups = head_groups(splits, kv_heads or sum(splits), self.pipeline)
+        one = len(groups) == 1
+        owned = not one or torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+        tq, tk, tv, to = self.tags
+
+        def send(hg):
+            calls = ((q_send(q, hg, h), tq, head_splits if one else list(hg.q_splits)),
+                     (kv_send(k, hg, h), tk, list(hg.kv_splits)),
+                     (kv_send(v, hg, h), tv, list(hg.kv_splits)))
+            if owned:
+                return [group.all_to_all_single_4d(x, 0, tag, seq_splits=seq_splits,
+                                                   head_splits=s, layout=layout)
+                        for x, tag, s in calls]
+            heads = [group.all_to_all_single_4d_borrowed(x, 0, tag, seq_splits=seq_splits,
+                                                         head_splits=s, layout=layout,
+                                                         barrier=False)
+                     for x, tag, s in calls]
+            group.barrier()  # (calls holds the inputs until here, as barrier=False needs)
+            return heads
+
+        order = _to_bhsd(layout)
+        back = [order.index(i) for i in range(4)]
+        outs, pending = [], send(groups[0])
+        for g, hg in enumerate(groups):
+            after = send(groups[g + 1]) if g + 1 < len(groups) else None
+            o = self._attend(hg, group.rank, *(t.permute(order) for t in pending))
+            outs.append(group.all_to_all_single_4d(
+                o.permute(back).contiguous(), 1, to, seq_splits=seq_splits,
+                head_splits=head_splits if one else list(hg.q_splits), layout=layout))
+            pending = after
+        return outs[0] if one else torch.cat(outs, dim=h)
+
+    def _attend(self, hg, rank, q, k, v):
+        """attn_fn on one group's (b, h, s, d) heads, k and v with this rank's kv heads."""
+        counts = hg.counts[rank]
+        if not hg.gqa or not counts:
+            return _call_attn(self.attn_fn, q, k, v)
+        if hg.uniform and self.attn_fn is F.scaled_dot_product_attention:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return self.attn_fn(q, expand_kv(k, counts), expand_kv(v, counts))
+
+
+def _call_attn(attn_fn, q, k, v):
+    """attn_fn(q, k, v), or for a rank of no heads an empty output that autograd still joins to
+    q, k and v (so this rank's backward makes every call its peers make; SDPA on zero heads
+    dies of SIGFPE on the CPU)."""
+    if q.shape[1] == 0:
+        return (q.sum() + k.sum()) * 0 + v
+    return attn_fn(q, k, v)
+
+
+def _kv_heads(q, k, v, layout) -> int | None:
+    """None where q, k and v have one shape (or are not all tensors: the group's calls refuse
+    those); else k's head count, once k and v are checked against q (FastUlyssesError)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or \
+            (k.shape == q.shape and v.shape == q.shape):
+        return None
+    _check_layout(layout)
+    h = layout.index("h")
+    others = [n for i, n in enumerate(q.shape) if i != h]
+    if k.dim() != 4 or q.dim() != 4 or [n for i, n in enumerate(k.shape) if i != h] != others:
+        raise FastUlyssesError(f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: k "
+                               f"and v must have q's shape, or q's with fewer heads (dimension "
+                               f"{h} in {layout}) for grouped-query attention")
+    if v.shape != k.shape:
+        raise FastUlyssesError(f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}: k "
+                               "and v must have one shape")
+    hq, hkv = q.shape[h], k.shape[h]
+    if hkv == 0 or hq % hkv:
+        raise FastUlyssesError(f"k has {hkv} heads but q has {hq}: q's head count must be a "
+                               "multiple of k's and v's (grouped-query attention)")
+    return hkv
+
+
+def _check_layout(layout) -> None:
+    if layout not in LAYOUTS:
+        plan(1, 0, 0, (1, 1, 1, 1), 1, layout=layout)  # the plan's message for the layout
+
+
+@torch.compiler.disable  # host-side planning, as validation.plan_call
+def _q_splits(group, q, seq_splits, head_splits, layout) -> tuple:
+    """q's head splits resolved by the plan of q's call (its message for a call it refuses)."""
+    try:
+        _check_layout(layout)
+        seq = as_splits(seq_splits, "seq_splits")
+        heads = as_splits(head_splits, "head_splits")
+        return _resolved_heads(group.world_size, group.rank, tuple(q.shape), q.element_size(),
+                               None if seq is None else tuple(seq),
+                               None if heads is None else tuple(heads), layout)
+    except ValueError as error:
+        raise refused(error) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved_heads(world_size, rank, shape, element_size, seq, heads, layout) -> tuple:
+    return tuple(plan(world_size, rank, 0, shape, element_size, seq_splits=seq,
+                      head_splits=heads, layout=layout).head_splits)
