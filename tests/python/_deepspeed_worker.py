@@ -7,9 +7,19 @@ bit for bit, output and every input's gradient:
   2 at P > 1 the forward is compared, and the backward must fail in both (ours with
   FastUlyssesError);
 - deepspeed_rotary_P<p>: rotary_pos_emb with (2, 0) and (1, 2), both layouts;
-- deepspeed_errors_P<p> (P > 1): key heads not divisible by P (DeepSpeed's uneven path),
-  fewer key heads than P, q heads or a scattered sequence not divisible by P (DeepSpeed errors
-  on these three) raise FastUlyssesError.
+- deepspeed_errors_P<p> (P > 1): fewer key heads than P, q heads or a scattered sequence not
+  divisible by P (DeepSpeed errors on these three) raise FastUlyssesError;
+- deepspeed_uneven_P<p> (P > 1): DeepSpeed's uneven-heads path (key-value heads P + 1 and
+  2P + 1): equal heads, GQA (q with twice the key heads) and num_kv_heads given where the key's
+  own head count would be even, with (2, s) and (s, 2) (s the layout's sequence dimension), both
+  layouts, and once with rotary_pos_emb; q, k and v gradients too;
+- deepspeed_uneven_errors_P<p> (P > 1): another index pair (DeepSpeed fails too), heads that
+  are not a multiple of the key-value heads, and (P = 2) the shapes where DeepSpeed's float
+  arithmetic sizes a receive buffer one short: refused in forward, or (forward bit-equal to
+  DeepSpeed's) in backward. DeepSpeed is not run on the last two: one of its ranks raises and
+  the others wait in the collective.
+DeepSpeed's uneven path reads each rank's share from deepspeed.utils.groups' sequence-parallel
+rank (its mpu); the checks set an mpu whose rank is the rank in the group under test.
 Every rank's input is different, so a chunk sent to the wrong rank shows.
 """
 
@@ -30,10 +40,13 @@ from fast_ulysses.integrations import deepspeed as ours  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _integrations_worker as adapters  # noqa: E402
+import _deepspeed_uneven as uneven  # noqa: E402
 from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
 
 INDICES = (-1, 0, 1, 2, 3)
-CHECKS = ("deepspeed_pairs", "deepspeed_rotary", "deepspeed_errors")
+CHECKS = ("deepspeed_pairs", "deepspeed_rotary", "deepspeed_errors", "deepspeed_uneven",
+          "deepspeed_uneven_errors")
+MULTI_RANK = ("deepspeed_errors", "deepspeed_uneven", "deepspeed_uneven_errors")  # P > 1 only
 
 
 def side(idx) -> int:
@@ -129,15 +142,6 @@ def check_rotary(pg, P):
 
 
 def check_errors(pg, P):
-    x = torch.randn(2, 3, P + 1, 8)  # key heads P + 1: not divisible by P > 1
-    for kw in ({}, {"num_kv_heads": P + 1}):
-        module = ours.DistributedAttention(adapters.local_attention, pg, **kw)
-        try:
-            module(x, x, x, 0, None, "bshd")
-        except FastUlyssesError as error:
-            assert "uneven-heads path is not supported" in str(error), str(error)
-        else:
-            raise AssertionError("uneven heads did not raise")
     # Shapes DeepSpeed's even path refuses (an assert, a reshape error): q's heads not divisible
     # by P where heads are scattered, the sequence not divisible where it is scattered.
     for pair, q, kv in (((2, 0), (2, 3, P + 1, 8), (2, 3, P, 8)),
@@ -171,7 +175,8 @@ def check_errors(pg, P):
 
 
 FUNCTIONS = {"deepspeed_pairs": check_pairs, "deepspeed_rotary": check_rotary,
-             "deepspeed_errors": check_errors}
+             "deepspeed_errors": check_errors, "deepspeed_uneven": uneven.check_uneven,
+             "deepspeed_uneven_errors": uneven.check_uneven_errors}
 
 
 def main() -> int:
@@ -180,7 +185,7 @@ def main() -> int:
 
         deepspeed.init_distributed(dist_backend="gloo")
         for name in CHECKS:
-            if name == "deepspeed_errors" and P == 1:
+            if name in MULTI_RANK and P == 1:
                 continue
             with report.check(f"{name}_P{P}"):
                 FUNCTIONS[name](pg, P)
@@ -191,7 +196,7 @@ def main() -> int:
 
 def check_names(world: int) -> list[str]:
     return [f"{name}_P{P}" for P in subgroup_sizes(world, False) for name in CHECKS
-            if not (name == "deepspeed_errors" and P == 1)]
+            if not (name in MULTI_RANK and P == 1)]
 
 
 if __name__ == "__main__":
