@@ -466,3 +466,53 @@ def test_a_preset_refuses_what_the_plan_refuses_by_name(world_size, rank, messag
     with pytest.raises(fu.errors.FastUlyssesError) as info:
         preset_call("wan-720p", world_size, rank)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_attention_rows_give_both_times_and_the_pipelined_cost():
+    results = synthetic_results()
+    r = results["cases"][0]["result"]
+    r["attention"] = {"pipeline": 4, "plain_ms": 20.0, "pipelined_ms": 17.0,
+                      "max_abs_diff": 0.0, "error": None}
+    table = {row[1]: row for row in report.rows(results)}
+    assert table["UlyssesAttention pipeline=1 (forward, no grad)"][2:] == [
+        "20.000", "n/a", "1.00x plain's time", "n/a"]
+    assert table["UlyssesAttention pipeline=4 (forward, no grad), max |diff| 0"][2:] == [
+        "17.000", "n/a", "0.85x plain's time", "n/a"]
+    r["attention"] = {"pipeline": 9, "plain_ms": None, "pipelined_ms": None,
+                      "max_abs_diff": None, "error": "rank 0: FastUlyssesError: pipeline is 9"}
+    table = {row[1]: row for row in report.rows(results)}
+    assert table["UlyssesAttention pipeline=9 (forward, no grad)"][2] == \
+        "n/a: rank 0: FastUlyssesError: pipeline is 9"
+
+
+def test_attention_row_runs_on_cpu_ranks(world1, monkeypatch):
+    """The attention stage end to end on a one-rank gloo group (TorchUlyssesGroup, CPU): both
+    modules run, their outputs agree bit for bit, and each is handed to the timer (CUDA events
+    need a GPU: the timer is replaced by one that runs the call once); a G the module refuses
+    is the row's error on every rank, and nothing is timed."""
+    from fast_ulysses.bench import attention
+
+    timed = []
+    monkeypatch.setattr(attention, "median_ms",
+                        lambda fn, it, wu: (timed.append(fn().shape), 1.5 + len(timed))[1])
+    case = Case("t", 1, [12], [6], 16, torch.float32)
+    x = torch.randn(case.input_shape(0, 0))
+    ctx = argparse.Namespace(fast=fu.TorchUlyssesGroup(world1), pipeline=3, iters=50,
+                             warmup=10)
+    got = attention.run_attention(case, ctx, x)
+    assert got == {"pipeline": 3, "plain_ms": 2.5, "pipelined_ms": 3.5, "max_abs_diff": 0.0,
+                   "error": None}, got
+    assert timed == [x.shape, x.shape]
+    ctx.pipeline = 7
+    got = attention.run_attention(case, ctx, x)
+    assert got["plain_ms"] is None and got["pipelined_ms"] is None and len(timed) == 2
+    assert got["error"].startswith("rank 0: FastUlyssesError: pipeline is 7 but no rank holds "
+                                   "more than 6 q heads"), got
+
+
+def test_bench_checks_the_pipeline_against_the_heads():
+    problem = bench.check(_args(preset="wan-720p", pipeline=6, nproc=8), 8)
+    assert problem.startswith("--preset wan-720p on 8 ranks, --pipeline 6: pipeline is 6 but no "
+                              "rank holds more than 5 q heads"), problem
+    assert bench.check(_args(preset="wan-720p", pipeline=5, nproc=8), 8) == ""
+    assert bench.check(_args(preset="wan-720p", pipeline=6, nproc=8, modes="1"), 8) == ""

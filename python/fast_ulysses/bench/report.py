@@ -64,6 +64,21 @@ def transfer_cells(r: dict, world_size: int) -> list[str]:
             _ratio(r.get("baseline_ms"), ms), NA]
 
 
+def attention_rows(label: str, a: dict | None) -> list[list[str]]:
+    """--pipeline G: UlyssesAttention's forward with pipeline=1 and with pipeline=G (ms, and
+    the pipelined time against the plain one), or the error that stood in their place."""
+    if a is None:
+        return []
+    name = f"UlyssesAttention pipeline={a['pipeline']} (forward, no grad)"
+    if a["error"] is not None:
+        return [[label, name, f"{NA}: {a['error'][:ERROR_CHARS]}", "", "", ""]]
+    plain, piped = a["plain_ms"], a["pipelined_ms"]
+    cost = NA if not plain or piped is None else f"{piped / plain:.2f}x plain's time"
+    return [[label, "UlyssesAttention pipeline=1 (forward, no grad)", _ms(plain), NA,
+             "1.00x plain's time", NA],
+            [label, f"{name}, max |diff| {a['max_abs_diff']:.3g}", _ms(piped), NA, cost, NA]]
+
+
 def rows(results: dict) -> list[list[str]]:
     """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
     against the permute + all_to_all_single + permute baseline, host us per call (per replay
@@ -106,6 +121,7 @@ def rows(results: dict) -> list[list[str]]:
                 cost = NA if not plain or ms is None else f"{ms / plain:.2f}x plain's time"
                 out.append([label, name, _ms(ms), _gbps(nbytes, ms), cost,
                             NA if host is None else f"{host:.1f}"])
+        out.extend(attention_rows(label, r.get("attention")))
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
             out.append([label, f"overlap {name}", overlap_text(r.get(key)), "", "", ""])
     return out

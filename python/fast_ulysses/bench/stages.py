@@ -4,7 +4,8 @@ Baseline (what yunchang / DeepSpeed-Ulysses do): permute + contiguous, `all_to_a
 split sizes, permute + contiguous; and the raw `all_to_all_single` alone on the already permuted
 buffer. fast-ulysses: the copy and borrowed entry points; the own-share relayout alone (torch
 `copy_` of the same strided chunk on this GPU); GEMM-chain overlap; host CPU per call;
-with --graph, CUDA-graph replays of one captured call of each entry point.
+with --graph, CUDA-graph replays of one captured call of each entry point; with --pipeline G,
+UlyssesAttention with pipeline=G against pipeline=1 (bench/attention.py).
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def run_case(case: Case, mode: int, ctx) -> dict:
     """Times every stage of one (case, mode) on this rank; numbers in ms, host in us.
     `ctx` has: rank, device, fast (UlyssesGroup), baseline_group (None when it cannot run),
     iters, warmup, gemm_size, gemms ("auto", a count, or 0: no overlap), overlap_repeats,
-    graph (time CUDA-graph replays too)."""
+    graph (time CUDA-graph replays too), optionally fused and pipeline (0: no attention row)."""
     x = (torch.randn(case.input_shape(ctx.rank, mode), device=ctx.device) * 2).to(case.dtype)
     copy, borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}", case.kwargs())
     r = {"bytes_in": x.numel() * x.element_size()}
@@ -204,6 +205,9 @@ def run_case(case: Case, mode: int, ctx) -> dict:
         r.update(run_baseline(case, mode, ctx, x, copy))
     if getattr(ctx, "fused", False) and mode == 0:
         r["fused"] = run_fused(case, ctx, x)
+    if getattr(ctx, "pipeline", 0) and mode == 0:
+        from .attention import run_attention
+        r["attention"] = run_attention(case, ctx, x)
     if ctx.graph:  # own tags: one eager call sizes their windows, then capture and replay
         g_copy, g_borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}-g",
                                            case.kwargs())

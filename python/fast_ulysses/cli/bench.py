@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .. import plan as make_plan
+from ..head_groups import head_groups
 from ..plan import DTYPE_NAMES
 from ..policy import MAX_RANKS
 from ..presets import PRESETS, even_splits
@@ -86,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fused", action="store_true",
                    help="mode 0 also times the fused QK RMSNorm + RoPE scatter against the "
                         "unfused torch sequence and the plain borrowed call")
+    p.add_argument("--pipeline", type=integer(2, minimum=0), default=0,
+                   help="mode 0 also times UlyssesAttention's forward (no grad) with pipeline=G "
+                        "head groups against pipeline=1 (0: no attention row)")
     p.add_argument("--nproc", type=integer(4, minimum=1, maximum=MAX_RANKS), default=None,
                    help=f"ranks to spawn when not under torchrun, 1 to {MAX_RANKS} (default: "
                         "GPU count)")
@@ -168,7 +172,7 @@ def worker(args) -> dict | None:
     ctx = SimpleNamespace(rank=rank, device=device, iters=args.iters, warmup=args.warmup,
                           fast=fu.UlyssesGroup(dist.group.WORLD, 0), gemm_size=args.gemm_size,
                           gemms=args.gemms, overlap_repeats=args.overlap_repeats,
-                          graph=args.graph, fused=args.fused)
+                          graph=args.graph, fused=args.fused, pipeline=args.pipeline)
     ctx.baseline_group, note = dist.group.WORLD, "torch.distributed all_to_all_single (NCCL)"
     if args.shared_gpu and P > 1:
         ctx.baseline_group, note = None, "n/a: NCCL cannot run with ranks sharing one GPU"
@@ -228,7 +232,7 @@ def check(args, world_size: int) -> str:
     """What the benchmark cannot run on `world_size` ranks, "" when nothing: the checks the
     options' types cannot make alone, by the plan's own rules (e.g. its limit on one tensor's
     bytes) for rank 0 of every case in every mode (even splits: rank 0 holds the most rows and
-    heads)."""
+    heads), and with --pipeline and --nproc, UlyssesAttention's rule for G."""
     for case in cases(args, world_size):
         source = "--shape " + ",".join(map(str, args.shape)) if case.name.startswith(
             "custom") else f"--preset {case.name.removesuffix('-padded')}"
@@ -240,6 +244,12 @@ def check(args, world_size: int) -> str:
                           **case.kwargs())
             except ValueError as error:
                 return f"{source}{tokens}{padded} on {world_size} ranks, mode {mode}: {error}"
+        if args.pipeline and 0 in args.modes and args.nproc:  # (else P waits for the GPUs)
+            try:  # UlyssesAttention's own rule for G
+                head_groups(tuple(case.head_splits), sum(case.head_splits), args.pipeline)
+            except ValueError as error:
+                return f"{source}{padded} on {world_size} ranks, --pipeline {args.pipeline}: " \
+                    f"{error}"
     return ""
 
 
