@@ -57,4 +57,31 @@ class HostProfile {
   int64_t calls_ = 0;
 };
 
+// One call's share of the profile, for its scope: constructing it ends the call's first stages
+// (up to `ended`), leaving the scope counts the call (HostProfile::end_call), on every way out.
+class ProfiledCall {
+ public:
+  ProfiledCall(HostProfile& profile, Stage ended) : profile_(profile) { profile_.mark(ended); }
+  ~ProfiledCall() { profile_.end_call(); }
+  ProfiledCall(const ProfiledCall&) = delete;
+  ProfiledCall& operator=(const ProfiledCall&) = delete;
+
+ private:
+  HostProfile& profile_;
+};
+
+// One stage of a call, for its scope: leaving the scope ends `stage`, which is charged the time
+// since the previous boundary (so whatever ran since then, in this scope or before it).
+class StageScope {
+ public:
+  StageScope(HostProfile& profile, Stage stage) : profile_(profile), stage_(stage) {}
+  ~StageScope() { profile_.mark(stage_); }
+  StageScope(const StageScope&) = delete;
+  StageScope& operator=(const StageScope&) = delete;
+
+ private:
+  HostProfile& profile_;
+  Stage stage_;
+};
+
 }  // namespace fast_ulysses::transport

@@ -291,6 +291,33 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   c10::cuda::CUDAGuard guard(device_);
   JoinRequest& join = join_request();
   join.deferred = false;
+  Acquired a = acquire(x, plan, tag_name, result, barrier, fused != nullptr, join.defer, out_arg);
+  ProfiledCall profiled(profile_, Stage::kSetup);
+  switch (a.strategy) {
+    case Strategy::kOneRank:
+      issue_one_rank(a, x, plan, fused);
+      break;
+    case Strategy::kFused:
+      issue_fused(a, x, plan, *fused);
+      break;
+    case Strategy::kCaptured:
+      issue_on_comm(a, x, plan, false);
+      break;
+    case Strategy::kDirect:
+      // A direct launch that found no graph would find none on M either: call by call there.
+      if (!issue_direct(a, x, plan)) issue_on_comm(a, x, plan, false);
+      break;
+    case Strategy::kCommStream:
+      issue_on_comm(a, x, plan, true);
+      break;
+  }
+  return std::move(a.out);
+}
+
+UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& plan,
+                                             const std::string& tag_name, Result result,
+                                             bool barrier, bool fused, bool defer_asked,
+                                             const at::Tensor& out_arg) {
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
   const bool owned = result == Result::kOwned;
@@ -319,90 +346,136 @@ at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
   if (owned) tag.ever_owned = true;
   if (!tag.watched || tag.watched->signature != call.signature)
     tag.watched = watched_call(plan, *tag.name, call.signature);
-  const bool peers = world_size() > 1;
   // An eager call whose caller asked for it leaves C's wait to the result's first use.
-  const bool defer_caller = join.defer && peers && !deferred && !in_capture;
-  profile_.mark(Stage::kSetup);
-  const CallKind kind = owned ? CallKind::kOwned : CallKind::kBorrowed;
+  const bool defer_join = defer_asked && world_size() > 1 && !deferred && !in_capture;
+  return Acquired{tag,
+                  window,
+                  std::move(out),
+                  call,
+                  owned ? CallKind::kOwned : CallKind::kBorrowed,
+                  caller,
+                  in_capture,
+                  defer_join,
+                  choose_strategy(fused, in_capture, deferred, defer_join)};
+}
+
+UlyssesGroup::Strategy UlyssesGroup::choose_strategy(bool fused, bool capturing, bool deferred,
+                                                     bool defer_join) const {
+  if (world_size() == 1) return Strategy::kOneRank;
+  if (fused) return Strategy::kFused;
+  if (capturing) return Strategy::kCaptured;
   // A call closed by its own handshake, with nothing deferred on M before it, launches its
   // cached graph on C itself: C would wait for all of it anyway, and M holds nothing C has not
-  // waited for, so the fork into M and the join back (four driver calls) order nothing.
-  // (Nor with a deferred join's work on M that C has not waited for.)
-  const bool direct = peers && !fused && !deferred && !in_capture && deferred_tags_ == 0 &&
-                      !defer_caller && !unjoined_;
-  if (direct) {
-    profile_.mark(Stage::kOpen);
-    if (launch_cached(x, out, plan, window, call, caller)) {
-      profile_.mark(Stage::kSend);
-      watch(caller, kind, tag);
-      profile_.mark(Stage::kFinish);
-      profile_.end_call();
-      return out;
+  // waited for, so the fork into M and the join back (four driver calls) order nothing. (Nor
+  // with a deferred join's work on M that C has not waited for.)
+  if (!deferred && !defer_join && deferred_tags_ == 0 && !unjoined_) return Strategy::kDirect;
+  return Strategy::kCommStream;
+}
+
+void UlyssesGroup::issue_one_rank(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                                  FusedNormRope* fused) {
+  {
+    StageScope stage(profile_, Stage::kOwnShare);
+    if (fused) {
+      launch_fused(*fused, {static_cast<char*>(a.out.data_ptr())}, a.caller);
+    } else {
+      copy_own(plan.copies[rank()], x, a.out, a.caller);
     }
   }
-  bool own_issued = false;  // the own share went into the call's cached graph (on M)
-  if (peers) {
+  // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
+  if (a.call.deferred) note_deferred(a.tag);
+}
+
+void UlyssesGroup::issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                               FusedNormRope& fused) {
+  {
+    StageScope stage(profile_, Stage::kOpen);
+    events_.join(a.caller, comm_);
+    open(a.call, comm_);
+  }
+  {
+    StageScope stage(profile_, Stage::kSend);
+    launch_fused(fused, a.window.peers, comm_);  // this rank's own share too, into its window
+  }
+  if (a.call.deferred) {
+    note_deferred(a.tag);
+    StageScope stage(profile_, Stage::kFinish);
+    hold_until_barrier(x, &fused.reads);
+    return;
+  }
+  {
+    StageScope stage(profile_, Stage::kClose);
+    close(a.call.slot, comm_);
+  }
+  StageScope stage(profile_, Stage::kFinish);
+  if (a.call.owned) finish_owned(a.out, plan, a.window, a.call.slot, true, comm_);
+  rejoin(a, x, false, &fused.reads);
+}
+
+bool UlyssesGroup::issue_direct(const Acquired& a, const at::Tensor& x, const Plan& plan) {
+  {
+    StageScope stage(profile_, Stage::kSend);
+    if (!launch_cached(x, a.out, plan, a.window, a.call, a.caller)) return false;
+  }
+  StageScope stage(profile_, Stage::kFinish);
+  watch(a.caller, a.kind, a.tag);
+  return true;
+}
+
+void UlyssesGroup::issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                                 bool try_graph) {
+  {
+    StageScope stage(profile_, Stage::kOpen);
     // A borrowed call whose own share may go on C writes into the window that a deferred join's
     // work on M may still be writing: C waits for that work first (M holds nothing newer yet).
-    if (unjoined_ && !owned && !fused) events_.join(comm_, caller);
-    events_.join(caller, comm_);
-    if (fused) {
-      open(call, comm_);
-      profile_.mark(Stage::kOpen);
-      launch_fused(*fused, window.peers, comm_);
-    } else {  // the closing handshake too: on M it needs nothing from the own share on C
-      profile_.mark(Stage::kOpen);
-      // (A direct launch that found no graph would find none on M either.)
-      own_issued = !in_capture && !direct &&
-                   launch_cached(x, out, plan, window, call, comm_);
-      if (!own_issued)
-        issue_peers(x, out, plan, window, call, comm_, !in_capture);
-    }
-    profile_.mark(Stage::kSend);
+    if (unjoined_ && !a.call.owned) events_.join(comm_, a.caller);
+    events_.join(a.caller, comm_);
   }
-  if (!fused && !own_issued) {
-    copy_own(plan.copies[rank()], x, out, caller);
-  } else if (!peers) {
-    launch_fused(*fused, {static_cast<char*>(out.data_ptr())}, caller);
+  bool in_graph = false;  // the own share went into the call's cached graph (on M)
+  {
+    // The closing handshake too: on M it needs nothing from the own share on C.
+    StageScope stage(profile_, Stage::kSend);
+    in_graph = try_graph && launch_cached(x, a.out, plan, a.window, a.call, comm_);
+    if (!in_graph) issue_peers(x, a.out, plan, a.window, a.call, comm_, !a.capturing);
   }
-  profile_.mark(Stage::kOwnShare);
-  // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
-  if (deferred) {
-    tag.deferred = true;
-    ++deferred_tags_;
+  if (!in_graph) {
+    StageScope stage(profile_, Stage::kOwnShare);
+    copy_own(plan.copies[rank()], x, a.out, a.caller);
   }
-  if (!peers) {  // one rank: the own share was the whole call, on C
-    profile_.end_call();
-    return out;
+  if (a.call.deferred) note_deferred(a.tag);
+  StageScope stage(profile_, Stage::kFinish);
+  if (a.call.deferred) {
+    hold_until_barrier(x, nullptr);
+  } else {
+    rejoin(a, x, !in_graph, nullptr);
   }
-  if (deferred) {
-    // M reads x until barrier() joins it into C: x's memory must not be reused before then.
-    // (Otherwise C waits for M before this returns, which orders any reuse of x or of `out`
-    // after M's last use of them: no recordStream needed.)
-    record_stream(x, comm_, device_.index());
-    if (fused)
-      for (const at::Tensor& read : fused->reads) record_stream(read, comm_, device_.index());
-    profile_.mark(Stage::kFinish);
-    profile_.end_call();
-    return out;
+}
+
+void UlyssesGroup::note_deferred(TagState& tag) {
+  tag.deferred = true;
+  ++deferred_tags_;
+}
+
+// M reads x until barrier() joins it into C: x's memory must not be reused before then.
+// (Otherwise C waits for M before the call returns, which orders any reuse of x or of `out`
+// after M's last use of them, or a deferred join's Work holds them: no recordStream needed.)
+void UlyssesGroup::hold_until_barrier(const at::Tensor& x, const std::vector<at::Tensor>* reads) {
+  record_stream(x, comm_, device_.index());
+  if (reads)
+    for (const at::Tensor& read : *reads) record_stream(read, comm_, device_.index());
+}
+
+void UlyssesGroup::rejoin(const Acquired& a, const at::Tensor& x, bool own_share_on_caller,
+                          const std::vector<at::Tensor>* reads) {
+  if (!a.defer_join) {
+    join_caller(a.caller, a.kind, a.tag.watched, a.call.slot, a.tag.calls, a.capturing);
+    return;
   }
-  if (fused) close(tag.slot, comm_);
-  profile_.mark(Stage::kClose);
-  if (owned && fused) finish_owned(out, plan, window, tag.slot, true, comm_);
-  if (defer_caller) {
-    // The own share went on C: M's closing event must come after it too.
-    if (!fused && !own_issued) events_.join(caller, comm_);
-    defer_join(out, x, owned, kind, tag, caller);
-    if (fused)
-      for (const at::Tensor& read : fused->reads) record_stream(read, comm_, device_.index());
-    profile_.mark(Stage::kFinish);
-    profile_.end_call();
-    return out;
-  }
-  join_caller(caller, kind, tag.watched, tag.slot, tag.calls, in_capture);
-  profile_.mark(Stage::kFinish);
-  profile_.end_call();
-  return out;
+  // The own share went on C: M's closing event must come after it too.
+  if (own_share_on_caller) events_.join(a.caller, comm_);
+  defer_join(a.out, x, a.call.owned, a.kind, a.tag, a.caller);
+  if (reads)
+    for (const at::Tensor& read : *reads) record_stream(read, comm_, device_.index());
 }
 
 // C: this rank's own share of x into `out` (the result, or my window for a borrowed call; either

@@ -128,6 +128,51 @@ class UlyssesGroup {
                       // that has carried an owned call; a call being captured always waits
     uint32_t signature;  // plan/call_signature.h: what my release writes and my acquire awaits
   };
+  // How a call's work is issued: chosen once, by acquire().
+  enum class Strategy {
+    kOneRank,     // P = 1: this rank's own share (a copy, or the fused kernel) on C is the call
+    kFused,       // forked into M: the fused kernel between the opening and closing handshakes
+    kCaptured,    // under the caller's capture: forked into M, issued call by call into its graph
+    kDirect,      // eager, closed by its own handshake, nothing deferred on M that C has not
+                  // joined: the call's cached graph launched on C itself, nothing to fork or join
+    kCommStream,  // any other eager call: forked into M, its cached graph there or call by call
+  };
+  // One call as acquire() secured it, before anything is issued.
+  struct Acquired {
+    TagState& tag;
+    const Window& window;
+    at::Tensor out;  // the result: a new tensor, the caller's `out`, or a view of the window
+    Call call;
+    CallKind kind;
+    cudaStream_t caller;  // C
+    bool capturing;       // C is being captured into a CUDA graph
+    bool defer_join;      // C's wait is left to the result's first use (join_request().defer)
+    Strategy strategy;
+  };
+  // Everything about a call that can raise (capture state, `out`, tag, window, aliasing) and
+  // the result's allocation, with nothing issued; a new tag is kept only once its window is
+  // secured. Then the call is counted on its tag and its strategy chosen.
+  Acquired acquire(const at::Tensor& x, const Plan& plan, const std::string& tag_name,
+                   Result result, bool barrier, bool fused, bool defer_asked,
+                   const at::Tensor& out_arg);
+  Strategy choose_strategy(bool fused, bool capturing, bool deferred, bool defer_join) const;
+  // The strategies (issue_direct: false when the call has no graph, with nothing issued).
+  void issue_one_rank(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                      FusedNormRope* fused);
+  void issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                   FusedNormRope& fused);
+  bool issue_direct(const Acquired& a, const at::Tensor& x, const Plan& plan);
+  // Forked into M: the cached graph there (with `try_graph`) or call by call, then the join.
+  void issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan, bool try_graph);
+  // A borrowed call with barrier=false: its tag refuses the next call until barrier().
+  void note_deferred(TagState& tag);
+  // A deferred call's x (and a fused call's other inputs) stay unused until M is done with them:
+  // barrier() joins M into C.
+  void hold_until_barrier(const at::Tensor& x, const std::vector<at::Tensor>* reads);
+  // C gets a forked call's work back: it waits for M now (join_caller), or at the result's first
+  // use (defer_join; M first waits for the own share when it ran on C).
+  void rejoin(const Acquired& a, const at::Tensor& x, bool own_share_on_caller,
+              const std::vector<at::Tensor>* reads);
   // `out` against the call (device, dtype, shape, contiguity, no overlap with x): ValueError.
   void check_out(const at::Tensor& out, const at::Tensor& x, const Plan& plan, bool owned) const;
   // Refuses (ValueError) a tensor whose bytes overlap `window` (this rank's part of it).
