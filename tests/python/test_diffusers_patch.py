@@ -2,7 +2,8 @@
 tiny WanTransformer3DModel under diffusers' own context parallelism on 2, 3 and 4 gloo CPU
 ranks (one launch of _diffusers_worker.py per P, its whole world: diffusers' mesh spans it),
 output and every parameter gradient against one process and against diffusers' own, counters
-showing our group carried every Ulysses all-to-all; and in process: patching twice, unpatching,
+showing our group carried every Ulysses all-to-all; examples/diffusers_wan.py under torchrun;
+and in process: patching twice, unpatching,
 and the refusals when diffusers is missing or built otherwise. Skipped without diffusers
 (requirements/dev.txt)."""
 
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import _diffusers_worker
 from multirank import launch
@@ -107,7 +111,27 @@ def test_refuses_a_forward_with_other_arguments(dispatch, monkeypatch):
 
 
 def test_dim_exchange_refuses_other_pairs():
-    import torch
-
     with pytest.raises(FastUlyssesError, match=r"scatter_idx=2, gather_idx=3"):
         fd.SeqAllToAllDim.apply(None, torch.zeros(1, 2, 2, 2), 2, 3)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "diffusers_wan.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="with GPUs the example takes one rank per GPU")
+@pytest.mark.parametrize("nproc,args,heads,tokens", [
+    (2, [], 4, 12), (3, ["--heads", "5", "--latent", "1", "14", "2", "--anything"], 5, 7)])
+def test_example_runs_under_torchrun(nproc, args, heads, tokens):
+    """examples/diffusers_wan.py under torchrun on CPU ranks: patched, every Ulysses all-to-all
+    (2 layers x 4 forward + 4 backward) on our group, within float32 rounding of one process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+         str(EXAMPLE), *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+        env=dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert f"{nproc} ranks on CPU (gloo), torch.distributed fallback" in result.stdout, out
+    assert f"tiny Wan: {heads} heads, {tokens} tokens" in result.stdout, out
+    assert "Ulysses all-to-alls on fast-ulysses (forward and backward): 16" in result.stdout, out
+    assert "within float32 rounding (1e-4): True" in result.stdout, out
