@@ -433,12 +433,16 @@ def run_checks(report, P, device):
     from fast_ulysses.integrations import diffusers as ours
 
     gloo_gather_shim()
+    # One Ulysses process group for every check (P = 1: the world; diffusers needs P >= 2).
+    mesh = init_device_mesh(device.type, (1, P), mesh_dim_names=("ring", "ulysses")) \
+        if P > 1 else None
+    pg = mesh["ulysses"].get_group() if mesh is not None else dist.group.WORLD
     with report.check(f"attention_P{P}") as entry:
-        entry["detail"] = check_attention(dist.group.WORLD, P, device)
+        entry["detail"] = check_attention(pg, P, device)
     if P < 2:
+        group_for(pg).destroy()  # collective
         return
-    mesh = init_device_mesh(device.type, (1, P), mesh_dim_names=("ring", "ulysses"))
-    counters = Counters(dispatch, group_for(mesh["ulysses"].get_group()))
+    counters = Counters(dispatch, group_for(pg))
     even_heads = 4 if 4 % P == 0 else P
     cases = (("wan_even", even_heads, (3, 4, 4), False, True),
              ("wan_uneven_heads", UNEVEN_HEADS[P], (3, 4, 4), False, False),
@@ -460,6 +464,7 @@ def run_checks(report, P, device):
     if P == 4:
         with report.check(f"unified_P{P}") as entry:
             entry["detail"] = check_unified(device, counters)
+    group_for(pg).destroy()  # collective
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ signatures and meaning (backward included), running on a fast-ulysses group:
   `SeqAllToAll5D`, `patch_yunchang()`).
 - `fast_ulysses.integrations.deepspeed`: DeepSpeed-Ulysses (`DistributedAttention`).
 - `fast_ulysses.integrations.diffusers`: diffusers' context parallelism
-  (`_all_to_all_dim_exchange`).
+  (`_all_to_all_dim_exchange`, `SeqAllToAllDim`, `patch_diffusers()` / `unpatch_diffusers()`).
 - `fast_ulysses.integrations.fastvideo`: FastVideo (`all_to_all_4D`).
 
 The upstream `group` argument is a torch ProcessGroup; it is mapped to a fast-ulysses group by
