@@ -12,10 +12,11 @@ with one added line, `patch_diffusers()`:
 
 Then every attention's all-to-alls run on fast-ulysses (the fast group on GPUs where make_group
 picks it, the torch.distributed fallback on CPU ranks over gloo). It runs a forward and a
-backward on both, and prints how many all-to-alls fast-ulysses carried, the largest difference of the output, and of each parameter's
-gradient summed over ranks, from the one-process model (float32 rounding: the ranks' linear
-layers see only their rows, and gradients add the same terms in another order); it exits 1 if
-either exceeds 1e-4 of the largest value. --heads that the rank count does not divide work;
+backward on both, and prints how many all-to-alls fast-ulysses carried, and the largest
+difference of the output, and of each parameter's gradient summed over ranks, from the
+one-process model (float32 rounding: the ranks' linear layers see only their rows, and
+gradients add the same terms in another order); it exits 1 if either exceeds 1e-4 of the
+largest value. --heads that the rank count does not divide work;
 --anything (diffusers' `ulysses_anything=True`) also takes a token count it does not divide
 (latent frames x height/2 x width/2 tokens).
 
