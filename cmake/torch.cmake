@@ -48,7 +48,6 @@ target_include_directories(fu_torch_cuda SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_
 # `import torch` has run, which fast_ulysses/__init__.py guarantees.
 function(fast_ulysses_module name)
   Python_add_library(${name} MODULE WITH_SOABI ${ARGN})
-  target_compile_options(${name} PRIVATE -Wall -Wextra)
   set_target_properties(${name} PROPERTIES INSTALL_RPATH "$ORIGIN;${TORCH_DIR}/lib")
   install(TARGETS ${name} LIBRARY DESTINATION fast_ulysses)
 endfunction()
