@@ -33,8 +33,8 @@ target_compile_definitions(fu_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX
 target_link_directories(fu_torch INTERFACE ${TORCH_DIR}/lib)
 target_link_libraries(fu_torch INTERFACE c10 torch torch_cpu)
 
-# torch's Python bindings (THPVariable, its exception translation): only for a module's
-# functions that take and return tensors from Python (csrc/ops/fast_entry.cpp).
+# torch's Python bindings (THPVariable, its exception translation): for the modules' functions
+# that take tensors from Python (csrc/ops/fast_entry.cpp, module_c.cpp).
 add_library(fu_torch_python INTERFACE)
 target_link_libraries(fu_torch_python INTERFACE fu_torch torch_python)
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "ops/call_args.h"
 #include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
 #include "transport/ulysses_group.h"
@@ -87,41 +88,25 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
   return group->all_to_all(x, *plan, tag, result, barrier, nullptr, out);
 }
 
-at::Tensor all_to_all_cuda(const at::Tensor& x, int64_t mode, std::string tag,
-                           std::string group_name, std::optional<at::IntArrayRef> seq_splits,
-                           std::optional<at::IntArrayRef> head_splits, std::string layout,
-                           std::optional<int64_t> rank) {
+// The kernels (their arguments: call_args.h).
+at::Tensor all_to_all_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM)) {
   return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true,
              rank);
 }
 
-at::Tensor& all_to_all_out_cuda(const at::Tensor& x, int64_t mode, std::string tag,
-                                std::string group_name,
-                                std::optional<at::IntArrayRef> seq_splits,
-                                std::optional<at::IntArrayRef> head_splits, std::string layout,
-                                std::optional<int64_t> rank, at::Tensor& out) {
+at::Tensor& all_to_all_out_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM), at::Tensor& out) {
   run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true, rank, out);
   return out;
 }
 
-at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x, int64_t mode, std::string tag,
-                                    std::string group_name,
-                                    std::optional<at::IntArrayRef> seq_splits,
-                                    std::optional<at::IntArrayRef> head_splits,
-                                    std::string layout, bool barrier,
-                                    std::optional<int64_t> rank) {
+at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x FU_BORROWED_ARGS(FU_PARAM)) {
   return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kBorrowed,
              barrier, rank);
 }
 
 // The fused QK RMSNorm + RoPE scatter: the mode-0 call's plan and windows, one kernel in place
 // of the copies.
-at::Tensor qk_norm_rope_cuda(const at::Tensor& x, std::string tag, std::string group_name,
-                             const at::Tensor& norm_weight, double eps, const at::Tensor& cos,
-                             const at::Tensor& sin, std::string norm, std::string rope_style,
-                             std::optional<at::IntArrayRef> seq_splits,
-                             std::optional<at::IntArrayRef> head_splits, std::string layout,
-                             bool borrowed, bool barrier, std::optional<int64_t> rank) {
+at::Tensor qk_norm_rope_cuda(const at::Tensor& x FU_FUSED_ARGS(FU_PARAM)) {
   transport::FusedNormRope fused;
   auto [group, plan] = prepare(x, 0, group_name, seq_splits, head_splits, layout, rank, [&] {
     fused = {check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout),

@@ -26,6 +26,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "ops/call_args.h"
 #include "transport/call_work.h"
 
 #include <optional>
@@ -35,14 +36,16 @@
 namespace fast_ulysses::ops {
 namespace {
 
-// The kernels' signature (cuda_ops.cpp, plan_ops.h's Meta kernels): a typed call must match it.
+// The kernels' signatures (call_args.h, which cuda_ops.cpp and the Meta kernels use too): a
+// typed call must match them.
 using Splits = std::optional<at::IntArrayRef>;
-using OwnedSignature = at::Tensor(const at::Tensor&, int64_t, std::string, std::string, Splits,
-                                  Splits, std::string, std::optional<int64_t>);
-using BorrowedSignature = at::Tensor(const at::Tensor&, int64_t, std::string, std::string, Splits,
-                                     Splits, std::string, bool, std::optional<int64_t>);
-using OutSignature = at::Tensor&(const at::Tensor&, int64_t, std::string, std::string, Splits,
-                                 Splits, std::string, std::optional<int64_t>, at::Tensor&);
+using OwnedSignature = at::Tensor(const at::Tensor& FU_OWNED_ARGS(FU_TYPE));
+using BorrowedSignature = at::Tensor(const at::Tensor& FU_BORROWED_ARGS(FU_TYPE));
+using OutSignature = at::Tensor&(const at::Tensor& FU_OWNED_ARGS(FU_TYPE), at::Tensor&);
+
+// How many arguments each function takes: x and the list's (the out= op's `out` after them).
+constexpr Py_ssize_t kOwnedCount = 1 FU_OWNED_ARGS(FU_COUNT);
+constexpr Py_ssize_t kBorrowedCount = 1 FU_BORROWED_ARGS(FU_COUNT);
 
 const c10::TypedOperatorHandle<OwnedSignature>& owned_op() {
   static const auto handle = c10::Dispatcher::singleton()
@@ -128,34 +131,86 @@ Splits splits_view(const std::optional<std::vector<int64_t>>& splits) {
   return splits ? Splits(*splits) : std::nullopt;
 }
 
-// The arguments the ops share, in schema order: x, mode, tag, group_name, seq_splits,
-// head_splits, layout, then the rank (at `rank_at`: the borrowed op's barrier comes before it,
-// the out op's `out` after it).
-struct Arguments {
-  PyObject* x = nullptr;
-  int64_t mode = 0;
-  std::string tag, group_name, layout;
-  std::optional<std::vector<int64_t>> seq_splits, head_splits;
-  int64_t rank = 0;
+// One argument of kernel type T, taken from Python: `parse` is false (no Python error set) for
+// any other Python type than the methods pass, and `get` hands the value to the typed call.
+template <typename T>
+struct Arg;
+
+template <>
+struct Arg<int64_t> {
+  int64_t value = 0;
+  bool parse(PyObject* o) { return as_int(o, &value); }
+  int64_t get() const { return value; }
 };
 
-bool parse(PyObject* const* args, Py_ssize_t count, Py_ssize_t expected, Py_ssize_t rank_at,
-           Arguments* a) {
-  if (count != expected) return false;
-  a->x = args[0];
-  return THPVariable_CheckExact(a->x) && !at::impl::torch_function_mode_enabled() &&
-         as_int(args[1], &a->mode) && as_string(args[2], &a->tag) &&
-         as_string(args[3], &a->group_name) && as_splits(args[4], &a->seq_splits) &&
-         as_splits(args[5], &a->head_splits) && as_string(args[6], &a->layout) &&
-         as_int(args[rank_at], &a->rank);
+template <>
+struct Arg<std::string> {
+  std::string value;
+  bool parse(PyObject* o) { return as_string(o, &value); }
+  std::string get() { return std::move(value); }
+};
+
+template <>
+struct Arg<Splits> {
+  std::optional<std::vector<int64_t>> value;
+  bool parse(PyObject* o) { return as_splits(o, &value); }
+  Splits get() const { return splits_view(value); }
+};
+
+template <>
+struct Arg<bool> {
+  bool value = false;
+  bool parse(PyObject* o) {
+    value = o == Py_True;
+    return value || o == Py_False;
+  }
+  bool get() const { return value; }
+};
+
+// The rank: an int (the methods always pass theirs; None is declined).
+template <>
+struct Arg<std::optional<int64_t>> {
+  int64_t value = 0;
+  bool parse(PyObject* o) { return as_int(o, &value); }
+  std::optional<int64_t> get() const { return value; }
+};
+
+// A call's arguments after x, one Arg per entry of the op's list (call_args.h), parsed in
+// schema order by `parse` and handed on in that order by FU_GET.
+#define FU_FIELD(type, name, schema) Arg<type> name;
+#define FU_PARSE(type, name, schema) &&a->name.parse(args[i++])
+#define FU_GET(type, name, schema) , a.name.get()
+
+struct OwnedArguments {
+  FU_OWNED_ARGS(FU_FIELD)
+};
+
+struct BorrowedArguments {
+  FU_BORROWED_ARGS(FU_FIELD)
+};
+
+// x: a plain tensor with no torch-function mode active (both are handled before the dispatcher,
+// in torch.ops' Python argument parsing).
+bool plain_input(PyObject* x) {
+  return THPVariable_CheckExact(x) && !at::impl::torch_function_mode_enabled();
+}
+
+bool parse(PyObject* const* args, OwnedArguments* a) {
+  Py_ssize_t i = 1;
+  return plain_input(args[0]) FU_OWNED_ARGS(FU_PARSE);
+}
+
+bool parse(PyObject* const* args, BorrowedArguments* a) {
+  Py_ssize_t i = 1;
+  return plain_input(args[0]) FU_BORROWED_ARGS(FU_PARSE);
 }
 
 // Calls `op(x)` (the typed op call, x the unpacked tensor) without the GIL, as torch.ops does
 // (the call may wait: a rendezvous), below autograd, with the caller's wait deferred when
 // `defer`, and returns its result to Python (an AsyncCollectiveTensor where it was deferred).
 template <typename Op>
-PyObject* call_below_autograd(const Arguments& a, bool defer, Op&& op) {
-  const at::Tensor& x = THPVariable_Unpack(a.x);
+PyObject* call_below_autograd(PyObject* input, bool defer, Op&& op) {
+  const at::Tensor& x = THPVariable_Unpack(input);
   at::Tensor out;
   {
     pybind11::gil_scoped_release no_gil;
@@ -176,42 +231,34 @@ PyObject* call_below_autograd(const Arguments& a, bool defer, Op&& op) {
 
 PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
-  Arguments a;
-  if (!parse(args, count, 8, 7, &a)) Py_RETURN_NOTIMPLEMENTED;
-  return call_below_autograd(a, true, [&a](const at::Tensor& x) {
-    return owned_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
-                           splits_view(a.seq_splits), splits_view(a.head_splits),
-                           std::move(a.layout), a.rank);
+  OwnedArguments a;
+  if (count != kOwnedCount || !parse(args, &a)) Py_RETURN_NOTIMPLEMENTED;
+  return call_below_autograd(args[0], true, [&a](const at::Tensor& x) {
+    return owned_op().call(x FU_OWNED_ARGS(FU_GET));
   });
   END_HANDLE_TH_ERRORS
 }
 
 PyObject* borrowed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
-  Arguments a;
-  if (!parse(args, count, 9, 8, &a) || (args[7] != Py_True && args[7] != Py_False))
-    Py_RETURN_NOTIMPLEMENTED;
-  const bool barrier = args[7] == Py_True;
-  return call_below_autograd(a, true, [&a, barrier](const at::Tensor& x) {
-    return borrowed_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
-                              splits_view(a.seq_splits), splits_view(a.head_splits),
-                              std::move(a.layout), barrier, a.rank);
+  BorrowedArguments a;
+  if (count != kBorrowedCount || !parse(args, &a)) Py_RETURN_NOTIMPLEMENTED;
+  return call_below_autograd(args[0], true, [&a](const at::Tensor& x) {
+    return borrowed_op().call(x FU_BORROWED_ARGS(FU_GET));
   });
   END_HANDLE_TH_ERRORS
 }
 
 PyObject* owned_out(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
-  Arguments a;
-  if (!parse(args, count, 9, 7, &a) || !THPVariable_CheckExact(args[8]))
+  OwnedArguments a;
+  if (count != kOwnedCount + 1 || !parse(args, &a) || !THPVariable_CheckExact(args[kOwnedCount]))
     Py_RETURN_NOTIMPLEMENTED;
-  at::Tensor out = THPVariable_Unpack(args[8]);
+  at::Tensor out = THPVariable_Unpack(args[kOwnedCount]);
   // Ready in the caller's stream order: a caller that reads its own `out` rather than the
   // returned tensor (the usual way with a persistent buffer) must never see it half-written.
-  return call_below_autograd(a, false, [&a, &out](const at::Tensor& x) {
-    return out_op().call(x, a.mode, std::move(a.tag), std::move(a.group_name),
-                         splits_view(a.seq_splits), splits_view(a.head_splits),
-                         std::move(a.layout), a.rank, out);
+  return call_below_autograd(args[0], false, [&a, &out](const at::Tensor& x) {
+    return out_op().call(x FU_OWNED_ARGS(FU_GET), out);
   });
   END_HANDLE_TH_ERRORS
 }
@@ -229,16 +276,16 @@ PyObject* set_defer(PyObject* /*module*/, PyObject* flag) {
 
 PyMethodDef methods[] = {
     {"owned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned)), METH_FASTCALL,
-     "owned(x, mode, tag, group_name, seq_splits, head_splits, layout, rank): the op "
-     "all_to_all_single_4d below autograd, or NotImplemented (call torch.ops instead)"},
+     "owned(x" FU_OWNED_ARGS(FU_LISTED) "): the op all_to_all_single_4d below autograd, or "
+     "NotImplemented (call torch.ops instead)"},
     {"borrowed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&borrowed)),
      METH_FASTCALL,
-     "borrowed(x, mode, tag, group_name, seq_splits, head_splits, layout, barrier, rank): the "
-     "op all_to_all_single_4d_borrowed below autograd, or NotImplemented"},
+     "borrowed(x" FU_BORROWED_ARGS(FU_LISTED) "): the op all_to_all_single_4d_borrowed below "
+     "autograd, or NotImplemented"},
     {"owned_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned_out)),
      METH_FASTCALL,
-     "owned_out(x, mode, tag, group_name, seq_splits, head_splits, layout, rank, out): the op "
-     "all_to_all_single_4d_out below autograd, or NotImplemented"},
+     "owned_out(x" FU_OWNED_ARGS(FU_LISTED) ", out): the op all_to_all_single_4d_out below "
+     "autograd, or NotImplemented"},
     {"set_defer", &set_defer, METH_O,
      "set_defer(flag): whether this thread's next calls through torch.ops leave the caller's "
      "wait to their result (an AsyncCollectiveTensor); returns whether the last call did"},

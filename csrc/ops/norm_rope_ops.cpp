@@ -31,7 +31,7 @@ void check_table(const char* name, const at::Tensor& t, const at::Tensor& x, int
 }
 
 // The names the fused call takes, each with what it means (the error lists them): the one
-// definition, which Python reads through the op norm_rope_choices.
+// definition, which Python reads as `_C.NORMS` and `_C.ROPE_STYLES`.
 struct Choice {
   const char* name;
   const char* meaning;
@@ -118,12 +118,7 @@ void check_norm_rope_op(const at::Tensor& x, const at::Tensor& norm_weight, doub
   check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout);
 }
 
-at::Tensor qk_norm_rope_meta(const at::Tensor& x, std::string tag, std::string group_name,
-                             const at::Tensor& norm_weight, double eps, const at::Tensor& cos,
-                             const at::Tensor& sin, std::string norm, std::string rope_style,
-                             std::optional<at::IntArrayRef> seq_splits,
-                             std::optional<at::IntArrayRef> head_splits, std::string layout,
-                             bool /*borrowed*/, bool /*barrier*/, std::optional<int64_t> rank) {
+at::Tensor qk_norm_rope_meta(const at::Tensor& x FU_FUSED_ARGS(FU_UNUSED_PARAM)) {
   check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout);
   return all_to_all_meta(x, 0, tag, group_name, seq_splits, head_splits, layout, rank);
 }

@@ -1,7 +1,7 @@
 // The fused QK RMSNorm + RoPE scatter's argument rules, in one place: the fast op
 // (cuda_ops.cpp) applies them before launching, and the Python API asks them (through the op
-// check_norm_rope) before the fallback's unfused math, so both groups refuse a bad call in the
-// same words.
+// check_norm_rope, traceable: schemas.cpp) before the fallback's unfused math, so both groups
+// refuse a bad call in the same words.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/norm_rope.h"
+#include "ops/call_args.h"
 
 namespace fast_ulysses::ops {
 
@@ -22,7 +23,7 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
                                       const std::string& norm, const std::string& rope_style,
                                       const std::string& layout);
 
-// The names norm= and rope_style= take, in order (the op norm_rope_choices).
+// The names norm= and rope_style= take, in order (`_C.NORMS`, `_C.ROPE_STYLES`).
 std::tuple<std::vector<std::string>, std::vector<std::string>> norm_rope_choices_op();
 
 // The op's CompositeExplicitAutograd kernel (the checks alone).
@@ -31,11 +32,6 @@ void check_norm_rope_op(const at::Tensor& x, const at::Tensor& norm_weight, doub
                         std::string rope_style, std::string layout);
 
 // The fused op's Meta kernel (torch.compile traces it): the checks, then the mode-0 output.
-at::Tensor qk_norm_rope_meta(const at::Tensor& x, std::string tag, std::string group_name,
-                             const at::Tensor& norm_weight, double eps, const at::Tensor& cos,
-                             const at::Tensor& sin, std::string norm, std::string rope_style,
-                             std::optional<at::IntArrayRef> seq_splits,
-                             std::optional<at::IntArrayRef> head_splits, std::string layout,
-                             bool borrowed, bool barrier, std::optional<int64_t> rank);
+at::Tensor qk_norm_rope_meta(const at::Tensor& x FU_FUSED_ARGS(FU_PARAM));
 
 }  // namespace fast_ulysses::ops

@@ -67,8 +67,6 @@ int64_t checked_element_size(const at::Tensor& x) {
   return es;
 }
 
-int64_t check_input_op(const at::Tensor& x) { return checked_element_size(x); }
-
 void check_borrowed_grad(const at::Tensor& x, const std::string& entry) {
   TORCH_CHECK_VALUE(!(x.requires_grad() && c10::GradMode::is_enabled()), entry,
                     ": x requires grad, but a borrowed result is the tag's receive window, "
@@ -176,27 +174,16 @@ void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef des
   });
 }
 
-at::Tensor all_to_all_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
-                           std::string group_name, std::optional<at::IntArrayRef> seq_splits,
-                           std::optional<at::IntArrayRef> head_splits, std::string layout,
-                           std::optional<int64_t> rank) {
+at::Tensor all_to_all_meta(const at::Tensor& x FU_OWNED_ARGS(FU_UNUSED_PARAM)) {
   return meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
 }
 
-at::Tensor all_to_all_borrowed_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
-                                    std::string group_name,
-                                    std::optional<at::IntArrayRef> seq_splits,
-                                    std::optional<at::IntArrayRef> head_splits,
-                                    std::string layout, bool /*barrier*/,
-                                    std::optional<int64_t> rank) {
+at::Tensor all_to_all_borrowed_meta(const at::Tensor& x FU_BORROWED_ARGS(FU_UNUSED_PARAM)) {
   return meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
 }
 
-at::Tensor& all_to_all_out_meta(const at::Tensor& x, int64_t mode, std::string /*tag*/,
-                                std::string group_name,
-                                std::optional<at::IntArrayRef> seq_splits,
-                                std::optional<at::IntArrayRef> head_splits, std::string layout,
-                                std::optional<int64_t> rank, at::Tensor& out) {
+at::Tensor& all_to_all_out_meta(const at::Tensor& x FU_OWNED_ARGS(FU_UNUSED_PARAM),
+                                at::Tensor& out) {
   const at::Tensor expected =
       meta_output(x, mode, group_name, seq_splits, head_splits, layout, rank);
   TORCH_CHECK_VALUE(out.scalar_type() == x.scalar_type(), "out has dtype ", out.scalar_type(),

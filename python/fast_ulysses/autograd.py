@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import _C
 from .api import as_mode
 from .debug import debugged
 from .errors import FastUlyssesError
@@ -76,7 +77,7 @@ def resolve_tag(tag, x, mode, layout) -> str:
 
 def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None:
     """The borrowed entry points refuse an input that requires grad (with grad mode on): the
-    C++ rule (op `check_borrowed_grad`, which the borrowed op's own Autograd kernel applies too).
+    C++ rule (`_C.check_borrowed_grad`, which the borrowed op's own Autograd kernel applies too).
 
     Raises:
         ValueError naming `entry`, the rule and the owned call to use instead.
@@ -87,7 +88,7 @@ def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None
 
 @torch.compiler.disable  # run eagerly: under torch.compile too the caller gets the ValueError
 def _refuse_borrowed_grad(x, entry: str) -> None:
-    torch.ops.fast_ulysses.check_borrowed_grad(x, entry)
+    _C.check_borrowed_grad(x, entry)
 
 
 def check_borrowed_tag(tag) -> None:
@@ -102,27 +103,32 @@ def check_borrowed_tag(tag) -> None:
 # -- the fast group: autograd on the C++-defined ops -----------------------------------------
 
 _OWNED = "fast_ulysses::all_to_all_single_4d"
+# The op's argument names, in schema order (csrc/ops/call_args.h, the one definition).
+_OWNED_ARGUMENTS = _C.OWNED_ARGUMENTS
 _registered = False
 
 
 def _setup_owned(ctx, inputs, output):
-    _x, mode, tag, group_name, seq_splits, head_splits, layout = inputs[:7]
-    rank = inputs[7] if len(inputs) > 7 else None
-    ctx.call = (int(mode), tag, group_name, seq_splits, head_splits, layout, rank)
+    # (torch.library hands every argument, defaults filled in, in schema order.)
+    call = dict(zip(_OWNED_ARGUMENTS, inputs))
+    del call["x"]
+    call["mode"] = int(call["mode"])
+    ctx.call = call
 
 
 def _backward_owned(ctx, grad):
-    mode, tag, group_name, seq_splits, head_splits, layout, rank = ctx.call
+    call = ctx.call
     grad = grad.contiguous()  # autograd may hand an expanded gradient (that of a sum)
-    group = debugged(group_name)
+    backward = dict(call, x=grad, mode=1 - call["mode"], tag=backward_tag(call["tag"]))
+    group = debugged(call["group_name"])
     # FAST_ULYSSES_DEBUG=1: the backward call is checked like any other, in eager autograd (a
     # plain tensor); a compiled backward is traced once, with no collective in the trace.
     if group is not None and type(grad) is torch.Tensor:
-        group._before_call("all_to_all_single_4d (backward)", grad, 1 - mode,
-                           backward_tag(tag), seq_splits, head_splits, layout)
-    grad_x = torch.ops.fast_ulysses.all_to_all_single_4d(
-        grad, 1 - mode, backward_tag(tag), group_name, seq_splits, head_splits, layout, rank)
-    return grad_x, None, None, None, None, None, None, None
+        group._before_call("all_to_all_single_4d (backward)", grad, backward["mode"],
+                           backward["tag"], call["seq_splits"], call["head_splits"],
+                           call["layout"])
+    grad_x = torch.ops.fast_ulysses.all_to_all_single_4d(**backward)
+    return (grad_x,) + (None,) * (len(_OWNED_ARGUMENTS) - 1)
 
 
 def register_op_autograd() -> None:

@@ -5,7 +5,7 @@ else is a ValueError naming the variable (a typo never silently turns a switch o
 
 from __future__ import annotations
 
-from ._ops import ops
+from ._ops import _C
 
 DEBUG_ENV = "FAST_ULYSSES_DEBUG"
 CHECK_CALLS_ENV = "FAST_ULYSSES_CHECK_CALLS"
@@ -19,7 +19,7 @@ def switch(name: str) -> bool:
     Raises:
         ValueError naming the variable, its value and the accepted values.
     """
-    return ops.env_switch(name)
+    return _C.env_switch(name)
 
 
 def check_switches() -> None:
@@ -30,7 +30,7 @@ def check_switches() -> None:
     Raises:
         ValueError for the first setting with a value it cannot take.
     """
-    ops.check_env()
+    _C.check_env()
 
 
 def settings_error() -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
+from ._ops import _C
 from .hardware import gather_topology
 from .policy import check_prefer, decide
 from .torch_group import TorchUlyssesGroup
@@ -36,8 +36,7 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
     if process_group is None:
         process_group = dist.group.WORLD
     # Before the topology gather: no fallback would serve a larger group either.
-    torch.ops.fast_ulysses.check_group(dist.get_world_size(process_group),
-                                       dist.get_rank(process_group))
+    _C.check_group(dist.get_world_size(process_group), dist.get_rank(process_group))
     topology = None if prefer == "torch" else gather_topology(process_group)  # torch: no probe
     decision = decide(topology, prefer)
     if not decision.use_fast:

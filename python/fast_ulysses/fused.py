@@ -24,12 +24,12 @@ from typing import Sequence
 
 import torch
 
-from ._ops import ops
+from ._ops import _C, ops
 from .api import as_splits, check_tag
 from .errors import FastUlyssesError
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
-NORMS, ROPE_STYLES = (tuple(names) for names in ops.norm_rope_choices())
+NORMS, ROPE_STYLES = _C.NORMS, _C.ROPE_STYLES
 
 
 def norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,

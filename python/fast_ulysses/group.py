@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from ._ops import cuda_load_error, cuda_module, ops
+from ._ops import _C, cuda_load_error, cuda_module, ops
 from .api import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
@@ -69,7 +69,7 @@ class UlyssesGroup:
         self.group_name = self.process_group.group_name
         self.rank = dist.get_rank(self.process_group)
         self.world_size = dist.get_world_size(self.process_group)
-        ops.check_group(self.world_size, self.rank)  # the plan's limit, as on the fallback
+        _C.check_group(self.world_size, self.rank)  # the plan's limit, as on the fallback
         if device is None:
             device = torch.cuda.current_device()
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
@@ -133,15 +133,13 @@ class UlyssesGroup:
                 return ops.all_to_all_single_4d(*args)
             if x.requires_grad and torch.is_grad_enabled():
                 return self._with_grad(args)
-            # No grad needed: the op below autograd (skipping its Python autograd kernel),
-            # through the CUDA module's typed dispatcher call (which returns an
-            # AsyncCollectiveTensor where the transfer is in flight), or torch.ops where that
-            # declines (a plain tensor, ready in the current stream's order).
+            # A plain eager call: the typed entry (below autograd, skipping the op's Python
+            # autograd kernel; an AsyncCollectiveTensor where the transfer is in flight). What
+            # it declines goes through torch.ops, whose autograd kernel needs no grad here and
+            # runs the op below autograd itself (a plain tensor, ready in the current stream's
+            # order). The routes: docs/DESIGN.md, "One route per call".
             result = cuda_module.owned(*args)
-            if result is NotImplemented:
-                with torch._C._AutoDispatchBelowAutograd():
-                    result = ops.all_to_all_single_4d(*args)
-            return result
+            return ops.all_to_all_single_4d(*args) if result is NotImplemented else result
         except ValueError as error:
             raise refused(error) from None
 
@@ -166,10 +164,8 @@ class UlyssesGroup:
         if torch.compiler.is_compiling():  # traced as the owned op and a copy
             return out.copy_(ops.all_to_all_single_4d(*args))
         result = cuda_module.owned_out(*args, out)
-        if result is NotImplemented:
-            with torch._C._AutoDispatchBelowAutograd():
-                result = ops.all_to_all_single_4d_out(*args, out=out)
-        return result
+        return ops.all_to_all_single_4d_out(*args, out=out) if result is NotImplemented \
+            else result
 
     def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
                                       seq_splits: Sequence[int] | None = None,
@@ -204,8 +200,8 @@ class UlyssesGroup:
                               head_splits, layout, barrier)
             args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
                     as_splits(head_splits, "head_splits"), layout, bool(barrier), self.rank)
-            # The op below autograd (its Autograd kernel only applies the rule checked above),
-            # through the CUDA module's typed dispatcher call, or torch.ops where that declines.
+            # The typed entry (below autograd: the op's Autograd kernel only applies the rule
+            # checked above), or torch.ops (through that kernel) where it declines.
             result = cuda_module.borrowed(*args)
             return ops.all_to_all_single_4d_borrowed(*args) if result is NotImplemented \
                 else result

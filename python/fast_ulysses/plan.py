@@ -12,12 +12,12 @@ from typing import Sequence
 import torch
 
 from ._ints import as_int, as_ints
-from ._ops import ops
+from ._ops import _C, ops
 from .api import as_mode, as_splits
 from .errors import FastUlyssesError, refused
 
 # Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.
-LAYOUTS = tuple(ops.layouts())
+LAYOUTS = _C.LAYOUTS
 
 
 def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: int,
@@ -40,8 +40,8 @@ def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: 
             if values is None:
                 raise FastUlyssesError(f"{name} is None: input_shape takes explicit splits, one "
                                        "per rank (e.g. fast_ulysses.presets.even_splits)")
-        shape, _ = ops.shapes(world_size, rank, mode, batch, head_dim, *splits,
-                              _layout(layout))
+        shape, _ = _C.shapes(world_size, rank, mode, batch, head_dim, *splits,
+                             _layout(layout))
     except ValueError as error:
         raise refused(error) from None
     return tuple(shape)
@@ -62,13 +62,12 @@ def _layout(layout) -> str:
 
 
 def limits() -> dict[str, int]:
-    """The product's limits, read from their one definition (csrc/plan/plan.h) through the
-    `limits` op: max_world_size (ranks of one group), max_bytes (of one tensor),
+    """The product's limits, read from their one definition (csrc/plan/plan.h) as
+    `_C.LIMITS`: max_world_size (ranks of one group), max_bytes (of one tensor),
     copy_engine_alignment (rows, pitches and addresses that are multiples of it take the
     pitched copy-engine calls; others an SM copy kernel: a speed note, never a refusal) and
     max_tags (distinct tags one group may use, csrc/plan/tag_rules.h)."""
-    names, values = ops.limits()
-    return dict(zip(names, values))
+    return dict(_C.LIMITS)
 
 # The dtype names plan() and CallSpec take besides a torch.dtype: short and torch spellings.
 DTYPE_NAMES = {
@@ -154,10 +153,10 @@ def _element_size(dtype) -> int:
     if isinstance(dtype, float):
         raise FastUlyssesError(f"dtype is {dtype!r}: an element size must be an int (e.g. "
                                "2), or give a torch.dtype or a name such as 'bf16'")
-    # The groups' own dtype rule (the check_input op), on a Meta tensor: the same message for a
+    # The groups' own dtype rule (`_C.check_input`), on a Meta tensor: the same message for a
     # dtype the groups refuse (bool, complex, 8 bytes), not only for its byte count.
     meta = torch.empty((1, 1, 1, 1), dtype=resolve_dtype(dtype), device="meta")
-    return ops.check_input(meta)
+    return _C.check_input(meta)
 
 
 def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
@@ -195,7 +194,7 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
             as_splits(head_splits, "head_splits"), _layout(layout))
     except ValueError as error:
         raise refused(error) from None
-    columns = ops.descriptor_fields()  # the C++ column order, by name
+    columns = _C.DESCRIPTOR_FIELDS  # the C++ column order, by name
     descriptors = [CopyDescriptor(**dict(zip(columns, row))) for row in rows.tolist()]
     return Plan(descriptors, world_size=world_size, rank=rank, mode=mode, layout=layout,
                 input_shape=shape, output_shape=output_shape, seq_splits=seq,

@@ -43,10 +43,10 @@ def preset_call(name: str, world_size: int, rank: int, mode: int = 0) -> dict:
     if name not in PRESETS:
         raise FastUlyssesError(f"preset {name!r}: must be one of {sorted(PRESETS)}")
     p = PRESETS[name]
-    from ._ops import ops  # the plan's range first: even_splits builds a list of world_size
+    from ._ops import _C  # the plan's range first: even_splits builds a list of world_size
     world_size, rank = as_int(world_size, "world_size"), as_int(rank, "rank")
     try:
-        ops.check_group(world_size, rank)
+        _C.check_group(world_size, rank)
     except ValueError as error:
         raise refused(error) from None
     seq = even_splits(p.seq_len, world_size)

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from ._ops import ops
+from ._ops import _C
 from .api import as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
 from .debug import check_agreement, debug_enabled, describe_call
@@ -135,7 +135,7 @@ class TorchUlyssesGroup:
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         # The plan's limit holds for this group too: raise here, not on every call.
-        ops.check_group(self.world_size, self.rank)
+        _C.check_group(self.world_size, self.rank)
         self.initial_pool_bytes = initial_pool_bytes
         if decision is not None and decision.use_fast:
             raise FastUlyssesError(f"TorchUlyssesGroup was handed a decision for the fast group "
@@ -271,7 +271,7 @@ class TorchUlyssesGroup:
         self._check_alive()
         own = {"sealed": self._sealed, "tags": len(self._windows),
                "deferred": len(self._deferred)}
-        return {key: own.get(key, 0) for key in ops.group_stats_keys()}
+        return {key: own.get(key, 0) for key in _C.GROUP_STATS_KEYS}
 
     def destroy(self) -> None:
         """Ends the group's use; later calls raise FastUlyssesError (a RuntimeError). Calling
@@ -326,7 +326,7 @@ class TorchUlyssesGroup:
         held = self._windows.get(tag, -1)
         window = None
         if p.window_bytes > held:
-            window = ops.window_for_call(tag, p.window_bytes, held, self._sealed)
+            window = _C.window_for_call(tag, p.window_bytes, held, self._sealed)
         if out is not None:
             _check_out(out, x, p)
         return tag, p, window
@@ -391,7 +391,7 @@ class TorchUlyssesGroup:
         deferred by barrier=False before `barrier()` (ValueError, the transport's message)."""
         known = tag in self._windows
         if not known or tag in self._deferred:
-            ops.check_tag_use(tag, len(self._windows), known, tag in self._deferred)
+            _C.check_tag_use(tag, len(self._windows), known, tag in self._deferred)
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -3,7 +3,7 @@ of `reserve`.
 
 Shapes and splits are never checked here: that is the plan's job (`fast_ulysses.plan`), so the
 fast group, the torch fallback and the GPU-free tools raise the same ValueError for the same call.
-The tensor rules live in C++ (`torch.ops.fast_ulysses.check_input`, the check the fast group's
+The tensor rules live in C++ (`fast_ulysses._C.check_input`, the check the fast group's
 kernels run), so a bad tensor reads the same whichever group rejected it.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._ops import ops
+from ._ops import _C
 from .api import check_tag
 from .plan import Plan, plan, resolve_dtype
 from .errors import FastUlyssesError
@@ -35,7 +35,7 @@ def check_input(x: torch.Tensor) -> int:
     """
     if not isinstance(x, torch.Tensor):
         raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
-    return ops.check_input(x)
+    return _C.check_input(x)
 
 
 @torch.compiler.disable  # host-side planning: its ops take no tensors, so it stays out of traces

@@ -12,6 +12,7 @@ import torch
 
 import fast_ulysses as fu
 from fast_ulysses import group as group_module
+from fast_ulysses._ops import _C
 from fast_ulysses.api import UlyssesGroupLike, as_mode, as_pool_bytes, as_splits, check_tag
 from fast_ulysses.group import UlyssesGroup
 from fast_ulysses.torch_group import TorchUlyssesGroup
@@ -33,6 +34,7 @@ class RecordingOps:
 
     def __init__(self):
         self.calls = []
+        self.below_autograd = []  # per op call: whether it ran with autograd's keys excluded
         self.decline = False
 
     def owned(self, *args):
@@ -41,6 +43,10 @@ class RecordingOps:
     def borrowed(self, *args):
         return self._module_call(self.all_to_all_single_4d_borrowed, args)
 
+    def owned_out(self, *args):
+        return self._module_call(lambda *a: self.all_to_all_single_4d_out(*a[:-1], out=a[-1]),
+                                 args)
+
     def _module_call(self, op, args):
         if self.decline:
             self.calls.append(("declined", args))
@@ -48,12 +54,19 @@ class RecordingOps:
         return op(*args)
 
     def all_to_all_single_4d(self, *args):
-        self.calls.append(("all_to_all_single_4d", args))
-        return args[0]
+        return self._record("all_to_all_single_4d", args, args[0])
 
     def all_to_all_single_4d_borrowed(self, *args):
-        self.calls.append(("all_to_all_single_4d_borrowed", args))
-        return args[0]
+        return self._record("all_to_all_single_4d_borrowed", args, args[0])
+
+    def all_to_all_single_4d_out(self, *args, out):
+        return self._record("all_to_all_single_4d_out", args + (out,), out)
+
+    def _record(self, name, args, result):
+        self.calls.append((name, args))
+        self.below_autograd.append(torch._C._dispatch_tls_is_dispatch_key_excluded(
+            torch._C.DispatchKey.AutogradFunctionality))
+        return result
 
     refuse_device = False  # what the C++ device rule (it needs a CUDA group) answers
 
@@ -62,11 +75,8 @@ class RecordingOps:
         if self.refuse_device:
             raise ValueError(f"the group's device rule refused x on {x.device}")
 
-    def group_stats_keys(self):  # GPU-free: the real op
-        return torch.ops.fast_ulysses.group_stats_keys()
-
     def group_stats(self, group_name):  # what the C++ op returns on a fresh group
-        names = self.group_stats_keys()
+        names = list(_C.GROUP_STATS_KEYS)  # GPU-free: the C++ list itself
         return names, [0] * len(names)
 
 
@@ -127,6 +137,19 @@ def test_fast_group_passes_a_plain_int_mode_to_the_op(fast_group, entry, debug):
     assert name == entry and args[1] == 1 and type(args[1]) is int
 
 
+@pytest.mark.parametrize("entry,names", [("all_to_all_single_4d", "OWNED_ARGUMENTS"),
+                                         ("all_to_all_single_4d_borrowed", "BORROWED_ARGUMENTS")])
+def test_fast_group_passes_the_ops_arguments_in_schema_order(fast_group, entry, names):
+    """The method's argument tuple, read by the op's argument names (the one definition)."""
+    x = torch.zeros(1, 2, 2, 8)
+    getattr(fast_group, entry)(x, 1, "t", seq_splits=[2], head_splits=[2], layout="bshd")
+    (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    want = {"x": x, "mode": 1, "tag": "t", "group_name": fast_group.group_name,
+            "seq_splits": [2], "head_splits": [2], "layout": "bshd", "barrier": True, "rank": 0}
+    assert dict(zip(getattr(_C, names), args)) == {k: want[k] for k in getattr(_C, names)}
+    assert len(args) == len(getattr(_C, names))
+
+
 @pytest.mark.parametrize("entry", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed"])
 def test_fast_group_calls_torch_ops_where_the_cuda_module_declines(fast_group, entry):
     """The CUDA module's function declines (NotImplemented): the method calls torch.ops with
@@ -137,6 +160,24 @@ def test_fast_group_calls_torch_ops_where_the_cuda_module_declines(fast_group, e
     calls = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
     assert [name for name, _ in calls] == ["declined", entry], calls
     assert calls[0][1] == calls[1][1] and out is x
+
+
+@pytest.mark.parametrize("entry", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed",
+                                   "all_to_all_single_4d_out"])
+def test_a_declined_call_takes_the_torch_ops_route_as_it_is(fast_group, entry):
+    """One route per call kind: what the typed entry declines goes through torch.ops as every
+    other torch.ops call does (the op's own autograd kernel decides), never through torch.ops
+    with autograd switched off by the method."""
+    fast_group.recorder.decline = True
+    x = torch.zeros(1, 2, 2, 8)
+    if entry == "all_to_all_single_4d_out":
+        out = torch.empty(1, 2, 2, 8)
+        assert fast_group.all_to_all_single_4d(x, 0, "t", out=out) is out
+    else:
+        getattr(fast_group, entry)(x, 0, "t")
+    calls = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    assert [name for name, _ in calls] == ["declined", entry], calls
+    assert fast_group.recorder.below_autograd == [False]
 
 
 @pytest.mark.parametrize("name", sorted(fu.DTYPE_NAMES))

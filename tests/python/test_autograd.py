@@ -133,12 +133,16 @@ def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
     debug.register_debugged(group)
     try:
         class Ctx:
-            call = (0, "q", group.group_name, [2, 2], None, "bshd", 0)
+            pass
 
+        # What torch.library hands the setup: every argument, in schema order.
+        ctx = Ctx()
+        autograd._setup_owned(ctx, (torch.zeros(1, 4, 2, 8), 0, "q", group.group_name, [2, 2],
+                                    None, "bshd", 0), None)
         # The gradient of a sum is expanded (strides 0): the check sees what is sent, the
         # contiguous gradient.
         with pytest.raises(ValueError, match="checked"):
-            autograd._backward_owned(Ctx(), torch.zeros(1).expand(1, 4, 2, 8))
+            autograd._backward_owned(ctx, torch.zeros(1).expand(1, 4, 2, 8))
         assert seen == [("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [2, 2],
                          None, "bshd")]
     finally:

@@ -10,7 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fast_ulysses._ops import cuda_load_error, cuda_module
+from fast_ulysses._ops import _C, cuda_load_error, cuda_module
 
 pytestmark = pytest.mark.skipif(cuda_module is None, reason=f"no CUDA part: {cuda_load_error}")
 
@@ -20,15 +20,14 @@ ENTRIES = sorted(OPS)
 
 
 def arguments(entry: str, x=None, group_name: str = "no-such-group", **change) -> list:
-    """The arguments UlyssesGroup's method passes, in order; `change` replaces some by name."""
+    """The arguments UlyssesGroup's method passes, in the op's order (the names `_C` exports
+    from the one definition); `change` replaces some by name."""
     named = {"x": torch.zeros(1, 4, 2, 8) if x is None else x, "mode": 0, "tag": "q",
              "group_name": group_name, "seq_splits": None, "head_splits": None,
-             "layout": "bshd"}
-    if entry == "borrowed":
-        named["barrier"] = True
-    named["rank"] = 0
+             "layout": "bshd", "barrier": True, "rank": 0}
     named.update(change)
-    return list(named.values())
+    order = _C.BORROWED_ARGUMENTS if entry == "borrowed" else _C.OWNED_ARGUMENTS
+    return [named[name] for name in order]
 
 
 def error_of(call, args) -> tuple:

@@ -148,3 +148,17 @@ def test_the_fused_op_traces_through_its_meta_kernel(world1):
     with pytest.raises(ValueError, match="norm='rms'"):
         torch.ops.fast_ulysses.qk_norm_rope_all_to_all(x, "q", world1.group_name, w, 1e-6, c, s,
                                                        "rms")
+
+
+def test_the_fallbacks_unfused_math_traces_in_one_graph():
+    """The fallback's norm and RoPE (norm_rope_reference) compile without a graph break: its
+    argument check is the op check_norm_rope, which a trace keeps (a plain function of the
+    module would break the graph there), and a bad call is refused while tracing."""
+    import torch._dynamo
+
+    x, w, c, s = inputs("bshd", "all_heads")
+    torch._dynamo.reset()
+    compiled = torch.compile(norm_rope_reference, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x, w, 1e-6, c, s), norm_rope_reference(x, w, 1e-6, c, s))
+    with pytest.raises(Exception, match="norm='rms'"):
+        compiled(x, w, 1e-6, c, s, norm="rms")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fast_ulysses as fu
+from fast_ulysses._ops import _C
 from fast_ulysses.plan import LAYOUTS, input_shape, limits
 
 
@@ -95,9 +96,9 @@ def test_sizes_past_int_are_refused_not_narrowed(world_size, rank, message):
     with pytest.raises(ValueError, match=message):
         fu.plan(world_size, rank, 0, (1, 4, 8, 64), torch.bfloat16)
     with pytest.raises(ValueError, match=message):
-        torch.ops.fast_ulysses.shapes(world_size, rank, 0, 1, 64, [4, 4], [4, 4])
+        _C.shapes(world_size, rank, 0, 1, 64, [4, 4], [4, 4], "bshd")
     with pytest.raises(ValueError, match=message):
-        torch.ops.fast_ulysses.check_group(world_size, rank)
+        _C.check_group(world_size, rank)
 
 
 def test_round_trip_fp16_even():
@@ -117,12 +118,12 @@ def test_wan_720p_plan_bytes():
 
 
 def test_plan_descriptor_fields_cross_by_name():
-    """The C++ names its descriptor columns (op descriptor_fields); the Python CopyDescriptor has
+    """The C++ names its descriptor columns (_C.DESCRIPTOR_FIELDS); the Python CopyDescriptor has
     exactly those fields and is built by name, so a column order changed on one side cannot
     silently swap two values on the other."""
     import dataclasses
 
-    columns = torch.ops.fast_ulysses.descriptor_fields()
+    columns = _C.DESCRIPTOR_FIELDS
     assert sorted(columns) == sorted(f.name for f in dataclasses.fields(fu.CopyDescriptor))
     p = fu.plan(2, 1, 0, (2, 3, 4, 8), torch.float32)
     assert [d.peer for d in p] == [0, 1]

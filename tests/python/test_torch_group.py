@@ -42,7 +42,7 @@ def test_all_ranks_exit_cleanly(eight_ranks):
 
 
 # Each bad tensor and the message docs/API.md's rules give it: one C++ check
-# (torch.ops.fast_ulysses.check_input) raises it for both groups.
+# (fast_ulysses._C.check_input) raises it for both groups.
 BAD_TENSORS = {
     "3-d": (torch.zeros(2, 3, 8), "x has shape [2, 3, 8]: it must be 4-d (bshd, sbhd or bhsd)"),
     "non-contiguous": (torch.zeros(1, 4, 2, 8).transpose(1, 2),
