@@ -70,7 +70,9 @@ class UlyssesGroup {
 
   // Owned: returns a new tensor. Borrowed: returns a view of this rank's window for `tag`,
   // valid until the next call with that tag; with barrier == false the closing handshake is
-  // left to barrier(). Either way the result is ready in the caller's stream order.
+  // left to barrier(). The result is ready in the caller's stream order, except for an eager
+  // call made with join_request().defer, whose caller waits when the result is first used
+  // (call_work.h).
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   // With `fused`, one kernel writes every chunk (this rank's own too, into its window) instead
   // of the copies; an owned result is then copied out of the window whole.
