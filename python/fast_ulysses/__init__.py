@@ -9,10 +9,11 @@ GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 
 from ._version import __version__
 from ._ops import cuda_available, cuda_load_error
-from .api import Mode, UlyssesGroupLike
+from .arguments import Mode
 from .errors import FastUlyssesError
-from .autograd import auto_tag, backward_tag, register_op_autograd
-from .factory import make_group
+from .autograd import register_op_autograd
+from .tags import auto_tag, backward_tag
+from .factory import UlyssesGroupLike, make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate

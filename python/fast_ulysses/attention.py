@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .api import UlyssesGroupLike, as_splits
+from .arguments import as_splits
 from .errors import FastUlyssesError, refused
+from .factory import UlyssesGroupLike
 from .head_groups import check_pipeline, expand_kv, head_groups, kv_send, q_send
 from .plan import LAYOUTS, plan
 

@@ -1,4 +1,4 @@
-"""Autograd for both groups, and the two tag rules it needs.
+"""Autograd for both groups, and the rule that keeps borrowed results out of it.
 
 The all-to-all is a permutation of elements, so its gradient is the inverse permutation: the
 backward of a call in mode m is a call in mode 1 - m with the same splits and layout, on the
@@ -22,8 +22,7 @@ borrowed call whose input requires grad (with grad mode on) raises `ValueError`
 (`check_borrowed_grad`), on both groups and on the raw op; the owned call is the one to use
 when gradients are needed.
 
-`tag=None` (`all_to_all_single_4d` of both groups, and the framework adapters) picks
-`auto_tag(...)`, a name every rank computes identically from what every rank's call agrees on.
+The tags it uses (`backward_tag`; `auto_tag` for `tag=None`) are in `fast_ulysses.tags`.
 """
 
 from __future__ import annotations
@@ -31,50 +30,8 @@ from __future__ import annotations
 import torch
 
 from ._ops import _C
-from .api import as_mode
 from .debug import debugged
-from .errors import FastUlyssesError
-
-BACKWARD_SUFFIX = ":grad"
-AUTO_PREFIX = "fu.auto"
-
-
-def backward_tag(tag: str) -> str:
-    """The tag of the backward of a call on `tag`: `tag + ":grad"` (a double backward appends
-    it again)."""
-    return f"{tag}{BACKWARD_SUFFIX}"
-
-
-def auto_tag(x: torch.Tensor, mode, layout: str = "bshd") -> str:
-    """The tag `tag=None` stands for: `"fu.auto:m<mode>:<layout>:<dtype>:<shape>"`, where
-    `<shape>` is x's shape with the dimension that differs across ranks written as `*` (mode 0:
-    the sequence dimension, which uneven `seq_splits` make rank-dependent; mode 1: the head
-    dimension). Every rank of a call reaches the same name, e.g. `fu.auto:m0:bshd:bfloat16:1x*x12x128`.
-
-    Calls of one shape share a window; that is safe for owned results (the window is copied
-    out before the call returns) but not for borrowed ones, which therefore need an explicit tag.
-    """
-    mode = as_mode(mode)
-    varying = "s" if mode == 0 else "h"
-    position = layout.find(varying) if isinstance(layout, str) else -1
-    dims = ["*" if i == position else str(int(n)) for i, n in enumerate(x.shape)]
-    dtype = str(x.dtype).removeprefix("torch.")
-    return f"{AUTO_PREFIX}:m{mode}:{layout}:{dtype}:{'x'.join(dims)}"
-
-
-def resolve_tag(tag, x, mode, layout) -> str:
-    """`tag` itself, or `auto_tag(x, mode, layout)` for None (the tag rule is checked later).
-
-    Raises:
-        ValueError (the input rule's) for tag=None with an x that is not a tensor.
-    """
-    if tag is not None:
-        return tag
-    if not isinstance(x, torch.Tensor):
-        from .validation import check_input
-
-        check_input(x)  # raises, naming x
-    return auto_tag(x, mode, layout)
+from .tags import backward_tag
 
 
 def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None:
@@ -91,15 +48,6 @@ def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None
 @torch.compiler.disable  # run eagerly: under torch.compile too the caller gets the ValueError
 def _refuse_borrowed_grad(x, entry: str) -> None:
     _C.check_borrowed_grad(x, entry)
-
-
-def check_borrowed_tag(tag) -> None:
-    """Borrowed calls need an explicit tag (`auto_tag` shares a window between same-shaped
-    calls, which would overwrite each other's borrowed results)."""
-    if tag is None:
-        raise FastUlyssesError("tag is None: a borrowed call needs an explicit tag (its result lives "
-                         "until the next call on the tag); tag=None is for "
-                         "all_to_all_single_4d")
 
 
 # -- the fast group: autograd on the C++-defined ops -----------------------------------------

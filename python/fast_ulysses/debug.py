@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from .api import as_mode, check_tag
+from .arguments import as_mode, check_tag
 from .env import DEBUG_ENV, switch
 from .validation import plan_call
 from .errors import FastUlyssesError

@@ -1,19 +1,23 @@
-"""`make_group`: the fast group where it pays, the torch fallback where it would lose."""
+"""`make_group`: the fast group where it pays, the torch fallback where it would lose; and
+`UlyssesGroupLike`, the protocol of what it returns."""
 
 from __future__ import annotations
 
+from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+import torch
 import torch.distributed as dist
 
 from ._ops import _C
-from .hardware import gather_topology
-from .policy import check_prefer, decide
+from .topology import check_prefer, decide
+from .topology_probe import gather_topology
 from .torch_group import TorchUlyssesGroup
 
 
 def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "auto"):
     """Builds the Ulysses group for `process_group`; collective: every rank calls it.
 
-    The ranks gather one topology (so they all reach the same verdict), `policy.decide` picks
+    The ranks gather one topology (so they all reach the same verdict), `topology.decide` picks
     the implementation once, and the group it builds takes that frozen `Decision` (no check is
     run twice). The group says what was chosen: `group.fallback` (bool) and
     `group.fallback_reason` ("" for the fast group).
@@ -24,7 +28,7 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
         prefer: "auto", "fast" (fast wherever it can run) or "torch" (always the fallback).
 
     Returns:
-        A `fast_ulysses.group.UlyssesGroup` or a `TorchUlyssesGroup`.
+        A `fast_ulysses.group.UlyssesGroup` or a `TorchUlyssesGroup` (both `UlyssesGroupLike`).
 
     Raises:
         ValueError for a bad `prefer`, for a group of more ranks than one node's 8 (the plan's
@@ -44,3 +48,33 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
     from .group import UlyssesGroup  # the fast group needs the CUDA part: import it only here
 
     return UlyssesGroup(process_group, initial_pool_bytes, decision=decision, topology=topology)
+
+
+@runtime_checkable
+class UlyssesGroupLike(Protocol):
+    """What `make_group` returns: `UlyssesGroup` and `TorchUlyssesGroup` both satisfy it."""
+
+    rank: int
+    world_size: int
+    fallback: bool
+    fallback_reason: str
+
+    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
+                             seq_splits: Sequence[int] | None = None,
+                             head_splits: Sequence[int] | None = None,
+                             layout: str = "bshd",
+                             out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
+                                      seq_splits: Sequence[int] | None = None,
+                                      head_splits: Sequence[int] | None = None,
+                                      layout: str = "bshd",
+                                      barrier: bool = True) -> torch.Tensor: ...
+
+    def barrier(self) -> None: ...
+
+    def reserve(self, calls: Iterable) -> None: ...
+
+    def stats(self) -> dict: ...
+
+    def destroy(self) -> None: ...

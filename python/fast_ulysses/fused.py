@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ._ops import _C, ops
-from .api import as_splits, check_tag
+from .arguments import as_splits, check_tag
 from .errors import FastUlyssesError
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).

@@ -14,11 +14,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ._ops import _C, cuda_load_error, cuda_module, ops
-from .api import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
-from .autograd import check_borrowed_grad, check_borrowed_tag, resolve_tag
+from .arguments import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
+from .autograd import check_borrowed_grad
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
-from .policy import Decision, decide
-from .topology import shared_gpu_pair
+from .tags import check_borrowed_tag, resolve_tag
+from .topology import Decision, decide, shared_gpu_pair
 from .errors import FastUlyssesError, public, refused
 
 _warned_shared_gpu = False
@@ -33,17 +33,17 @@ class UlyssesGroup:
         initial_pool_bytes: bytes of symmetric memory to allocate for windows up front. The pool
             grows on demand (collectively) unless `reserve()` sealed it.
         device: this rank's GPU (default: the current CUDA device).
-        decision, topology: the `fast_ulysses.policy.Decision` make_group reached for this
+        decision, topology: the `fast_ulysses.topology.Decision` make_group reached for this
             group and the `Topology` it judged (make_group passes both); when None, the group
             gathers the topology over the process group (collective) and decides with
             prefer="fast" itself: the same rules, the same error.
 
     Raises:
         RuntimeError: the CUDA part of the extension did not load, or no GPU.
-        ValueError: `policy.cannot_run_message`: a pair of ranks whose GPUs cannot map each
+        ValueError: `topology.cannot_run_message`: a pair of ranks whose GPUs cannot map each
             other's memory (named), ranks on different hosts, ranks sharing a GPU without
             FAST_ULYSSES_ALLOW_SHARED_GPU=1, ...; a FAST_ULYSSES_* setting refused on any rank
-            (`policy.settings_message`, on every rank); or a `decision` for the fallback.
+            (`topology.settings_message`, on every rank); or a `decision` for the fallback.
     """
 
     fallback = False
@@ -114,8 +114,8 @@ class UlyssesGroup:
             is a plain tensor ready in the current stream's order. With `out`: `out` itself,
             ready in the current stream's order (a caller that goes on reading its own buffer
             never sees it half-written). Differentiable: its backward
-            is mode 1 - m on `fast_ulysses.autograd.backward_tag(tag)`. tag=None picks
-            `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
+            is mode 1 - m on `fast_ulysses.tags.backward_tag(tag)`. tag=None picks
+            `fast_ulysses.tags.auto_tag(x, mode, layout)`.
 
         Raises:
             FastUlyssesError (a ValueError and a RuntimeError) naming the argument and the
@@ -304,7 +304,7 @@ def _check_decision(group: dist.ProcessGroup, device: torch.device,
         raise FastUlyssesError("UlyssesGroup takes decision and topology together (make_group passes "
                          "both) or neither")
     if decision is None:
-        from .hardware import gather_topology
+        from .topology_probe import gather_topology
 
         with torch.cuda.device(device):
             topology = gather_topology(group)

@@ -13,7 +13,7 @@ import torch
 
 from ._ints import as_int, as_ints
 from ._ops import _C, ops
-from .api import as_mode, as_splits
+from .arguments import as_mode, as_splits
 from .errors import FastUlyssesError, refused
 
 # Every layout name the plan takes, from the plan (csrc/plan/plan.h): bshd, sbhd, bhsd.

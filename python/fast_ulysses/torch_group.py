@@ -40,13 +40,14 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ._ops import _C
-from .api import as_pool_bytes, check_tag, group_repr
-from .autograd import TorchAllToAll, check_borrowed_grad, check_borrowed_tag, resolve_tag
+from .arguments import as_pool_bytes, check_tag, group_repr
+from .autograd import TorchAllToAll, check_borrowed_grad
 from .debug import check_agreement, debug_enabled, describe_call
 from .env import CHECK_CALLS_ENV, switch
 from .errors import FastUlyssesError, public, refused
 from .plan import LAYOUTS, Plan
-from .policy import _rank_list, agreement_message
+from .tags import check_borrowed_tag, resolve_tag
+from .topology import _rank_list, agreement_message
 from .validation import plan_call, window_bytes_by_tag
 
 OWNED = "all_to_all_single_4d"
@@ -58,7 +59,7 @@ def _agreed_settings(process_group, world_size: int) -> tuple[bool, bool]:
     that both parse and agree: one all_gather_object at P > 1. Either switch set on some ranks
     only would make their calls wait in a collective the others never join; a value refused on
     one rank would leave the others waiting here. Either way every rank raises the same
-    FastUlyssesError (`policy.agreement_message` for the debug switch and refused values)."""
+    FastUlyssesError (`topology.agreement_message` for the debug switch and refused values)."""
     debug, check, error = False, True, ""
     try:
         debug = debug_enabled()
@@ -94,7 +95,7 @@ class TorchUlyssesGroup:
     Arguments:
         process_group: the ranks of the sequence-parallel group (None: the default group).
         initial_pool_bytes: accepted for signature parity with `UlyssesGroup`; unused (>= 0).
-        decision: the `fast_ulysses.policy.Decision` make_group reached (it passes its own);
+        decision: the `fast_ulysses.topology.Decision` make_group reached (it passes its own);
             its reason becomes `fallback_reason`. None: built directly ("requested").
 
     Attributes:
@@ -115,7 +116,7 @@ class TorchUlyssesGroup:
     FAST_ULYSSES_DEBUG=1 set when the group is built, every call is instead checked by
     `fast_ulysses.debug.check_agreement`, as on `UlyssesGroup`. Building the group is
     collective at P > 1: the ranks compare both settings (one all_gather_object), and where
-    they differ every rank raises FastUlyssesError (`fast_ulysses.policy.agreement_message`).
+    they differ every rank raises FastUlyssesError (`fast_ulysses.topology.agreement_message`).
     """
 
     fallback = True
@@ -169,7 +170,7 @@ class TorchUlyssesGroup:
                 (b, seq_splits[r], N, d), mode 1 (b, S, head_splits[r], d) (bshd).
             mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ.
             tag: the call's window name, a non-empty str (there is no window here); None picks
-                `fast_ulysses.autograd.auto_tag(x, mode, layout)`.
+                `fast_ulysses.tags.auto_tag(x, mode, layout)`.
             seq_splits, head_splits: per-rank rows / heads; None means even.
             layout: "bshd", "sbhd" or "bhsd".
             out: None, or a contiguous tensor of the call's output shape, with x's dtype and
@@ -183,7 +184,7 @@ class TorchUlyssesGroup:
             the caller owns. Either is ready in the current stream's order (it has waited for
             the collective: on NCCL a stream wait, not a host block), as with
             `dist.all_to_all_single`. The new tensor is differentiable: its backward is mode
-            1 - m on `fast_ulysses.autograd.backward_tag(tag)`.
+            1 - m on `fast_ulysses.tags.backward_tag(tag)`.
 
         Raises:
             FastUlyssesError (a ValueError and a RuntimeError), before anything is sent: the

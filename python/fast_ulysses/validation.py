@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ._ops import _C
-from .api import check_tag
+from .arguments import check_tag
 from .plan import Plan, plan, resolve_dtype
 from .errors import FastUlyssesError
 

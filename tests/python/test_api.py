@@ -1,6 +1,7 @@
-"""The API both groups share (fast_ulysses.api): Mode, the UlyssesGroupLike protocol, the tag
-and mode rules, repr and stats, dtype names in plan(); UlyssesGroup's Python side is exercised
-without a GPU by replacing the ops it calls with a recorder."""
+"""The API both groups share: Mode and the tag and mode rules (fast_ulysses.arguments), the
+UlyssesGroupLike protocol (fast_ulysses.factory), repr and stats, dtype names in plan();
+UlyssesGroup's Python side is exercised without a GPU by replacing the ops it calls with a
+recorder."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch
 import fast_ulysses as fu
 from fast_ulysses import group as group_module
 from fast_ulysses._ops import _C
-from fast_ulysses.api import UlyssesGroupLike, as_mode, as_pool_bytes, as_splits, check_tag
+from fast_ulysses.arguments import as_mode, as_pool_bytes, as_splits, check_tag
+from fast_ulysses.factory import UlyssesGroupLike
 from fast_ulysses.group import UlyssesGroup
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fast_ulysses as fu
-from fast_ulysses.policy import MAX_RANKS
+from fast_ulysses.topology import MAX_RANKS
 
 
 def run_cli(*args):

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from fast_ulysses import hardware
+from fast_ulysses import topology_probe
 from fast_ulysses.cli import doctor
 
-NO_GPU = hardware.visible_gpu_count() == 0
+NO_GPU = topology_probe.visible_gpu_count() == 0
 needs_no_gpu = pytest.mark.skipif(not NO_GPU, reason="checks the report of a machine with no GPU")
 needs_gpu = pytest.mark.skipif(NO_GPU, reason="needs a visible CUDA GPU")
 
@@ -84,7 +84,7 @@ def test_run_through_the_subcommand_parser(capsys, monkeypatch):
 @needs_gpu
 def test_doctor_lists_every_visible_gpu():
     report = json.loads(_doctor("--json").stdout)
-    count = hardware.visible_gpu_count()
+    count = topology_probe.visible_gpu_count()
     assert report["gpu_count"] == count and len(report["gpus"]) == count
     assert len(report["p2p"]) == count * (count - 1) // 2
     assert all(g["pci_bus_id"] for g in report["gpus"])

@@ -46,9 +46,9 @@ def test_refusals_from_cpp_reach_the_caller_as_ours():
 
 
 def test_group_arguments_beyond_int64_are_refused_by_name():
-    """The groups' entry points convert splits and mode with api.as_splits / as_mode: an int
-    beyond int64 is refused by name, never passed on to the op's schema (a RuntimeError)."""
-    from fast_ulysses.api import as_mode, as_splits
+    """The groups' entry points convert splits and mode with arguments.as_splits / as_mode: an
+    int beyond int64 is refused by name, never passed on to the op's schema (a RuntimeError)."""
+    from fast_ulysses.arguments import as_mode, as_splits
 
     with pytest.raises(FastUlyssesError, match=r"head_splits\[1\] is 9223372036854775808"):
         as_splits([1, 2 ** 63], "head_splits")

@@ -7,9 +7,8 @@ import types
 
 import pytest
 
-from fast_ulysses import factory, hardware
-from fast_ulysses.policy import decide
-from fast_ulysses.topology import PairInfo, RankInfo, Topology, spans_sockets
+from fast_ulysses import factory, topology_probe
+from fast_ulysses.topology import PairInfo, RankInfo, Topology, decide, spans_sockets
 from fast_ulysses.torch_group import TorchUlyssesGroup
 
 
@@ -141,33 +140,33 @@ def test_debug_on_some_ranks_only_raises_on_every_rank():
 
 def test_the_probe_reports_the_debug_switch(monkeypatch):
     monkeypatch.setenv("FAST_ULYSSES_DEBUG", "1")
-    assert hardware.local_rank_info().debug is True
+    assert topology_probe.local_rank_info().debug is True
     monkeypatch.setenv("FAST_ULYSSES_DEBUG", "0")
-    assert hardware.local_rank_info().debug is False
+    assert topology_probe.local_rank_info().debug is False
 
 
 def test_a_refused_setting_is_reported_by_the_probe_not_raised(monkeypatch):
     monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "1")
     monkeypatch.setenv("FAST_ULYSSES_EAGER_GRAPHS", "maybe")
-    info = hardware.local_rank_info()
+    info = topology_probe.local_rank_info()
     assert info.settings_error.startswith("FAST_ULYSSES_EAGER_GRAPHS=maybe: must be 0"), info
     assert not info.allow_shared_gpu  # (not read once a setting is refused: it may be the one)
     monkeypatch.setenv("FAST_ULYSSES_EAGER_GRAPHS", "1")
-    info = hardware.local_rank_info()
+    info = topology_probe.local_rank_info()
     assert info.settings_error == "" and info.allow_shared_gpu
 
 
 def test_the_opt_in_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv("FAST_ULYSSES_ALLOW_SHARED_GPU", raising=False)
-    assert not hardware.local_rank_info().allow_shared_gpu
+    assert not topology_probe.local_rank_info().allow_shared_gpu
     monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "0")
-    assert not hardware.env_allows_shared_gpu()
+    assert not topology_probe.env_allows_shared_gpu()
     monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes")
     with pytest.raises(ValueError, match="FAST_ULYSSES_ALLOW_SHARED_GPU=yes: must be 0 .* or 1"):
-        hardware.env_allows_shared_gpu()
+        topology_probe.env_allows_shared_gpu()
     monkeypatch.setenv("FAST_ULYSSES_ALLOW_SHARED_GPU", "1")
-    assert hardware.env_allows_shared_gpu()
-    assert hardware.local_rank_info().allow_shared_gpu
+    assert topology_probe.env_allows_shared_gpu()
+    assert topology_probe.local_rank_info().allow_shared_gpu
 
 
 def test_a_pair_that_cannot_map_falls_back_naming_it():
@@ -219,16 +218,16 @@ def test_spans_sockets():
 
 
 def test_probes_without_a_gpu():
-    assert hardware.parse_cpulist("0-3,8,x,10-11") == [0, 1, 2, 3, 8, 10, 11]
-    assert hardware.normalize_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
-    assert hardware.sysfs_numa_node("ffff:ff:ff.9") is None
-    if hardware.visible_gpu_count() == 0:
-        info = hardware.local_rank_info()
+    assert topology_probe.parse_cpulist("0-3,8,x,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert topology_probe.normalize_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
+    assert topology_probe.sysfs_numa_node("ffff:ff:ff.9") is None
+    if topology_probe.visible_gpu_count() == 0:
+        info = topology_probe.local_rank_info()
         assert not info.has_gpu and info.hostname
 
 
 def test_make_group_on_cpu_falls_back(world1):
-    if hardware.visible_gpu_count() == 0:  # with a GPU, world1 may get the fast group
+    if topology_probe.visible_gpu_count() == 0:  # with a GPU, world1 may get the fast group
         group = factory.make_group(world1, 1 << 20)
         assert isinstance(group, TorchUlyssesGroup) and group.fallback
         assert group.fallback_reason == "no GPU on rank 0"
@@ -267,7 +266,7 @@ def test_make_group_builds_the_fast_group_where_decide_says_so(world1, monkeypat
 
 
 def test_each_group_refuses_a_decision_for_the_other(world1):
-    from fast_ulysses.policy import Decision
+    from fast_ulysses.topology import Decision
 
     with pytest.raises(ValueError, match="decision for the fast group"):
         TorchUlyssesGroup(world1, 0, decision=Decision(True, "prefer='fast'"))

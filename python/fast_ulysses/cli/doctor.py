@@ -15,11 +15,10 @@ import sys
 
 import torch
 
-from .. import hardware
+from .. import topology_probe
 from ..env import check_switches
-from ..hardware import visible_topology
-from ..policy import decide
-from ..topology import spans_sockets
+from ..topology import decide, spans_sockets
+from ..topology_probe import visible_topology
 from ._help import HelpFormatter
 
 WATCHED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS")
@@ -67,10 +66,10 @@ def collect(*, symm_init: bool = True) -> dict:
     """Everything the doctor reports, as JSON-ready data."""
     from .. import _ops
 
-    count = hardware.visible_gpu_count()
+    count = topology_probe.visible_gpu_count()
     topology = visible_topology()
     use_fast, reason = decide(topology, "auto")
-    with hardware.Nvml() as nvml:
+    with topology_probe.Nvml() as nvml:
         versions = _versions(nvml)
         nvml_state = "ok" if nvml.ok else nvml.error
     return {
@@ -96,7 +95,7 @@ def _no_gpu_message(nvml_state: str) -> str:
             "make_group would build TorchUlyssesGroup.")
 
 
-def _versions(nvml: hardware.Nvml) -> dict:
+def _versions(nvml: topology_probe.Nvml) -> dict:
     """fast-ulysses, what it was built against, and what this machine runs. What cannot be
     seen reads "none (why)" rather than being left out."""
     from .. import __version__, _build_info
@@ -137,7 +136,7 @@ def _dist_version(name: str) -> str:
 def _pair_row(topology, p) -> dict:
     a, b = topology.ranks[p.a], topology.ranks[p.b]
     row = dataclasses.asdict(p)
-    row["torch_can_access"] = (hardware.torch_can_access(a.pci_bus_id, b.pci_bus_id)
+    row["torch_can_access"] = (topology_probe.torch_can_access(a.pci_bus_id, b.pci_bus_id)
                                if p.link != "same-device" else True)
     return row
 

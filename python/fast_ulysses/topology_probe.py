@@ -1,6 +1,11 @@
 """Probes of the GPUs this process can see (torch.cuda, NVML via `pynvml` from nvidia-ml-py, and
-sysfs), and the `Topology` of a group (`gather_topology`) or of this machine (`visible_topology`). Everything degrades to "unknown" instead of raising: a machine with no GPU, no driver or
-no NVML still gets a `RankInfo` (and doctor a report).
+sysfs), and the `Topology` of a group (`gather_topology`) or of this machine
+(`visible_topology`). Everything degrades to "unknown" instead of raising: a machine with no GPU,
+no driver or no NVML still gets a `RankInfo` (and doctor a report).
+
+Kept apart from `topology` (the types and the decision on them), which this module fills and
+never judges: the rules stay pure functions that tests feed synthetic machines, and only this
+module touches the machine.
 
 NVML is asked about pairs because it sees every GPU of the node whatever CUDA_VISIBLE_DEVICES
 says (a rank often sees only its own); torch.cuda.can_device_access_peer is the fallback, for
@@ -48,7 +53,7 @@ def local_rank_info(index: int | None = None) -> RankInfo:
     from ._ops import cuda_load_error
 
     # A refused setting is reported, not raised: every rank of the gather raises for it
-    # (policy.decide), none alone. (The shared-GPU switch is then not read: it may be the one.)
+    # (topology.decide), none alone. (The shared-GPU switch is then not read: it may be the one.)
     refused = settings_error()
     base = dict(hostname=socket.gethostname(), cuda_load_error=cuda_load_error,
                 allow_shared_gpu=not refused and env_allows_shared_gpu(),

@@ -1,5 +1,7 @@
-"""What both groups share: `Mode`, the `UlyssesGroupLike` protocol, the mode and tag rules, and
-the shape of a group's repr.
+"""The arguments both groups take, as the ops take them: `Mode`, and the conversions and checks
+of mode, splits, `initial_pool_bytes` and the tag (`as_mode`, `as_splits`, `as_pool_bytes`,
+`check_tag`), so both groups and `plan()` take and refuse the same values; and `group_repr`,
+the one repr shape of both groups.
 
 Nothing here imports the plan or torch.distributed, so every other module may import it.
 """
@@ -8,9 +10,9 @@ from __future__ import annotations
 
 import enum
 import operator
-from typing import Iterable, Protocol, Sequence, runtime_checkable
 
 import torch
+
 from .errors import FastUlyssesError
 
 
@@ -118,33 +120,3 @@ def group_repr(cls_name: str, rank: int, world_size: int, fallback: bool, *,
     if destroyed:
         parts.append("destroyed=True")
     return f"{cls_name}({', '.join(parts)})"
-
-
-@runtime_checkable
-class UlyssesGroupLike(Protocol):
-    """What `make_group` returns: `UlyssesGroup` and `TorchUlyssesGroup` both satisfy it."""
-
-    rank: int
-    world_size: int
-    fallback: bool
-    fallback_reason: str
-
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
-                             seq_splits: Sequence[int] | None = None,
-                             head_splits: Sequence[int] | None = None,
-                             layout: str = "bshd",
-                             out: torch.Tensor | None = None) -> torch.Tensor: ...
-
-    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
-                                      seq_splits: Sequence[int] | None = None,
-                                      head_splits: Sequence[int] | None = None,
-                                      layout: str = "bshd",
-                                      barrier: bool = True) -> torch.Tensor: ...
-
-    def barrier(self) -> None: ...
-
-    def reserve(self, calls: Iterable) -> None: ...
-
-    def stats(self) -> dict: ...
-
-    def destroy(self) -> None: ...
