@@ -1,8 +1,8 @@
 """Autograd, UlyssesAttention and the framework adapters on the fast group: the CPU tests'
-workers (tests/python/_autograd_worker.py, _attention_worker.py, _integrations_worker.py) run
-with --shared-gpu, P = 1, 2, 3 ranks sharing this machine's first GPU (UlyssesGroup over
-gloo), one launch per worker and P (each on its whole world), one test per check. Plus torch.compile of a backward through
-the op, in process. They skip, saying why, where no GPU is visible."""
+workers (tests/workers/autograd.py, attention.py, integrations.py) run with --shared-gpu, P = 1,
+2, 3 ranks sharing this machine's first GPU (UlyssesGroup over gloo), one launch per worker and P
+(each on its whole world), one test per check. Plus torch.compile of a backward through the op,
+in process. They skip, saying why, where no GPU is visible."""
 
 from __future__ import annotations
 
@@ -13,19 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import attention
+import autograd
+import integrations
 from _gpu import needs_gpu
-
-PYTHON_TESTS = Path(__file__).resolve().parents[1] / "python"
-sys.path.insert(0, str(PYTHON_TESTS))
-
-import _attention_worker  # noqa: E402
-import _autograd_worker  # noqa: E402
-import _integrations_worker  # noqa: E402
 
 NPROCS = (1, 2, 3)  # one launch per P: the fast group runs each worker on its whole world only
 TIMEOUT_S = 480
-WORKERS = {"autograd": _autograd_worker, "attention": _attention_worker,
-           "integrations": _integrations_worker}
+WORKERS = {"autograd": autograd, "attention": attention, "integrations": integrations}
 
 
 def cases():
@@ -35,14 +30,14 @@ def cases():
 
 @needs_gpu
 @pytest.mark.parametrize("worker,nproc,check", cases())
-def test_fast_group_check(shared_gpu_runs, worker, nproc, check):
-    shared_gpu_runs(Path(WORKERS[worker].__file__), nproc, timeout=TIMEOUT_S).assert_check(check)
+def test_fast_group_check(launch_ranks, worker, nproc, check):
+    launch_ranks(worker, nproc, timeout=TIMEOUT_S, shared_gpu=True).assert_check(check)
 
 
 @needs_gpu
 @pytest.mark.parametrize("worker,nproc", [(w, n) for w in sorted(WORKERS) for n in NPROCS])
-def test_fast_group_run_ends_cleanly(shared_gpu_runs, worker, nproc):
-    shared_gpu_runs(Path(WORKERS[worker].__file__), nproc, timeout=TIMEOUT_S).assert_clean_exit()
+def test_fast_group_run_ends_cleanly(launch_ranks, worker, nproc):
+    launch_ranks(worker, nproc, timeout=TIMEOUT_S, shared_gpu=True).assert_clean_exit()
 
 
 @needs_gpu
@@ -78,7 +73,7 @@ def test_wan_block_on_a_shared_gpu():
     import os
     import subprocess
 
-    from _gpu import SHARED_GPU_ENV
+    from multirank import SHARED_GPU_ENV
 
     example = Path(__file__).resolve().parents[2] / "examples" / "wan_block.py"
     result = subprocess.run([sys.executable, str(example), "--shared-gpu", "--nproc", "8"],

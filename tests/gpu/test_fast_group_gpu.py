@@ -1,44 +1,42 @@
 """GPU tests of the fast path: P = 1..8 ranks sharing this machine's first GPU over gloo
-(FAST_ULYSSES_ALLOW_SHARED_GPU=1), each run once as the worker tests/distributed/a2a_correctness.py
-through tests/multirank.py, with one test per check and P. They skip, saying why, where no GPU is
-visible."""
+(FAST_ULYSSES_ALLOW_SHARED_GPU=1), each run once as the worker tests/workers/a2a_correctness.py
+through the launch_ranks fixture, with one test per check and P. They skip, saying why, where no
+GPU is visible."""
 
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 import a2a_correctness
-from _gpu import SHARED_GPU_ENV, needs_gpu
-from multirank import launch
+from _gpu import needs_gpu
 
-WORKER = Path(a2a_correctness.__file__)
 NPROCS = (1, 2, 3, 4, 5, 8)
 TIMEOUT_S = 480  # bounds a hang; every P should take well under it
 # Back-to-back calls per P (FAST_ULYSSES_GPU_ITERATIONS: fewer for a quick run on a time budget).
 ITERATIONS = os.environ.get("FAST_ULYSSES_GPU_ITERATIONS", "1000")
 
 
-def a2a(shared_gpu_runs, nproc):
-    return shared_gpu_runs(WORKER, nproc, "--iterations", ITERATIONS, timeout=TIMEOUT_S)
+def a2a(launch_ranks, nproc):
+    return launch_ranks("a2a_correctness", nproc, "--iterations", ITERATIONS, timeout=TIMEOUT_S,
+                        shared_gpu=True)
 
 
 @needs_gpu
 @pytest.mark.parametrize("nproc,check", [(n, c) for n in NPROCS
                                          for c in a2a_correctness.check_names(n)])
-def test_a2a_check(shared_gpu_runs, nproc, check):
-    a2a(shared_gpu_runs, nproc).assert_check(check)
+def test_a2a_check(launch_ranks, nproc, check):
+    a2a(launch_ranks, nproc).assert_check(check)
 
 
 @needs_gpu
 @pytest.mark.parametrize("nproc", NPROCS)
-def test_a2a_run_ends_cleanly(shared_gpu_runs, nproc):
+def test_a2a_run_ends_cleanly(launch_ranks, nproc):
     """Every rank exits 0 after all its checks, and rank 0 prints the standalone summary."""
-    run = a2a(shared_gpu_runs, nproc)
+    run = a2a(launch_ranks, nproc)
     run.assert_clean_exit()
     assert run.check_names() == a2a_correctness.check_names(nproc), run.describe()
     n = len(a2a_correctness.check_names(nproc))
@@ -71,13 +69,12 @@ def test_compile_traces_the_op(world1):
 
 
 @needs_gpu
-def test_watchdog_abort_ends_a_hung_job(tmp_path):
+def test_watchdog_abort_ends_a_hung_job(launch_ranks):
     """A rank that never calls: with FAST_ULYSSES_WATCHDOG_ACTION=abort (the default) its peer's
     watchdog reports on stderr and ends its own process non-zero, while the other rank is still
     asleep (60 s) and has to be killed by the launcher: the job would otherwise hang."""
-    worker = WORKER.with_name("watchdog_abort.py")
-    env = dict(SHARED_GPU_ENV, FAST_ULYSSES_WATCHDOG_S="3", FAST_ULYSSES_WATCHDOG_ACTION=None)
-    run = launch(worker, 2, tmp_path, timeout=120, env=env)
+    env = {"FAST_ULYSSES_WATCHDOG_S": "3", "FAST_ULYSSES_WATCHDOG_ACTION": None}
+    run = launch_ranks("watchdog_abort", 2, timeout=120, shared_gpu=True, env=env)
     caller, sleeper = run.ranks
     assert "rank 0: issuing at" in caller.output, run.describe()
     assert caller.returncode not in (None, 0), f"the hung call did not end rank 0\n{run.describe()}"
@@ -88,14 +85,13 @@ def test_watchdog_abort_ends_a_hung_job(tmp_path):
 
 @needs_gpu
 @pytest.mark.parametrize("nproc", (2, 3))
-def test_fast_path_split_mismatch_ends_in_the_watchdogs_report(tmp_path, nproc):
+def test_fast_path_split_mismatch_ends_in_the_watchdogs_report(launch_ranks, nproc):
     """Rank 0 passes head_splits, the others do not (no FAST_ULYSSES_DEBUG): no byte of a
     mismatched call reaches a peer's window, another tag's window is intact, and every rank's
     watchdog reports the call naming a peer whose release was for a different call
-    (tests/distributed/fast_mismatch.py; each rank exits 3 after the report)."""
-    worker = WORKER.with_name("fast_mismatch.py")
-    env = dict(SHARED_GPU_ENV, FAST_ULYSSES_WATCHDOG_S="5", FAST_ULYSSES_WATCHDOG_ACTION="report")
-    run = launch(worker, nproc, tmp_path, timeout=120, env=env)
+    (tests/workers/fast_mismatch.py; each rank exits 3 after the report)."""
+    env = {"FAST_ULYSSES_WATCHDOG_S": "5", "FAST_ULYSSES_WATCHDOG_ACTION": "report"}
+    run = launch_ranks("fast_mismatch", nproc, timeout=120, shared_gpu=True, env=env)
     for r in run.ranks:
         assert f"rank {r.rank}: windows intact" in r.output, run.describe()
         assert "of tag 'bad' has not completed after" in r.output, run.describe()

@@ -290,7 +290,7 @@ def test_tag_none_is_auto_for_owned_calls_and_refused_for_borrowed(world1, fast_
 def test_fast_group_debug_asks_the_ops_device_rule_before_the_call(fast_group):
     """The debug path asks the C++ device rule (the op check_device) and reports its refusal as
     the rank's invalid call; the collective is never reached. (The rule's own words are checked
-    on a GPU: tests/distributed/a2a_correctness.py, check debug_mode.)"""
+    on a GPU: tests/workers/a2a_correctness.py, check debug_mode.)"""
     fast_group._debug = True
     fast_group.recorder.refuse_device = True
     with pytest.raises(ValueError) as info:

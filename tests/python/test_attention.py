@@ -1,10 +1,9 @@
-"""UlyssesAttention and the ProcessGroup registry: one 3-rank gloo launch of _attention_worker.py
-(P = 1, 2, 3), one test per check and P (plain, grouped-query and pipelined attention); argument
-errors and the head groups of grouped-query and pipelined calls in process."""
+"""UlyssesAttention and the ProcessGroup registry: one 3-rank gloo launch of
+tests/workers/attention.py (P = 1, 2, 3), one test per check and P (plain, grouped-query and
+pipelined attention); argument errors and the head groups of grouped-query and pipelined calls
+in process."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,19 +11,17 @@ import torch
 import fast_ulysses as fu
 from fast_ulysses.attention import group_for
 
-import _attention_worker
-from multirank import launch
+import attention
 
 WORLD = 3
-WORKER = Path(_attention_worker.__file__)
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return launch(WORKER, WORLD, tmp_path_factory.mktemp("attention"), timeout=300)
+def ranks(launch_ranks):
+    return launch_ranks("attention", WORLD, timeout=300)
 
 
-@pytest.mark.parametrize("check", _attention_worker.check_names(WORLD))
+@pytest.mark.parametrize("check", attention.check_names(WORLD))
 def test_worker_check(ranks, check):
     P = int(check.rsplit("_P", 1)[1])
     ranks.assert_check(check, ranks=range(WORLD - P, WORLD))

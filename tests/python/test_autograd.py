@@ -1,33 +1,27 @@
 """Autograd of both groups and the two tag rules (backward_tag, auto_tag).
 
-Multi-rank: one 3-rank gloo launch of _autograd_worker.py (TorchUlyssesGroup, P = 1, 2, 3), one
-test per check and P. In process: the fast ops' autograd wiring on meta tensors (the CUDA
+Multi-rank: one 3-rank gloo launch of tests/workers/autograd.py (TorchUlyssesGroup, P = 1, 2,
+3), one test per check and P. In process: the fast ops' autograd wiring on meta tensors (the CUDA
 kernels themselves are exercised by tests/gpu/test_autograd_gpu.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import autograd as worker  # the worker's check names
 import pytest
 import torch
 
 import fast_ulysses as fu
 from fast_ulysses.autograd import check_borrowed_grad
 
-from multirank import launch
-
 WORLD = 3
-WORKER = Path(__file__).with_name("_autograd_worker.py")
-
-import _autograd_worker  # noqa: E402  (its check names)
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return launch(WORKER, WORLD, tmp_path_factory.mktemp("autograd"), timeout=300)
+def ranks(launch_ranks):
+    return launch_ranks("autograd", WORLD, timeout=300)
 
 
-@pytest.mark.parametrize("check", _autograd_worker.check_names(WORLD))
+@pytest.mark.parametrize("check", worker.check_names(WORLD))
 def test_worker_check(ranks, check):
     P = int(check.rsplit("_P", 1)[1])
     ranks.assert_check(check, ranks=range(WORLD - P, WORLD))

@@ -3,32 +3,25 @@ that disagree about a call (uneven rows without seq_splits, head_splits on one r
 mode, tag, layout, dtype, barrier or entry point), or of which only some refuse their own call,
 raise FastUlyssesError on every rank before anything is sent, and the group works afterwards;
 FAST_ULYSSES_CHECK_CALLS turns the check off and must agree across ranks; out= is bit-exact and
-refuses a bad out on every rank. What each check does: _call_check_worker.py's docstring."""
+refuses a bad out on every rank. What each check does: tests/workers/call_check.py's docstring."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-from multirank import launch
+import call_check as _worker
 
-WORKER = Path(__file__).with_name("_call_check_worker.py")
 WORLD = 3
-_spec = importlib.util.spec_from_file_location("_call_check_worker", WORKER)
-_worker = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_worker)
 PER_P = [(name, P) for P in (2, 3)
          for name in _worker.MISMATCH_CHECKS + _worker.SWITCH_CHECKS + _worker.OUT_CHECKS]
 PER_P += [(name, 1) for name in _worker.OUT_CHECKS]
 
 
 @pytest.fixture(scope="module")
-def three_ranks(tmp_path_factory):
-    return launch(WORKER, WORLD, tmp_path_factory.mktemp("call_check"), timeout=300,
-                  env={"CUDA_VISIBLE_DEVICES": "", "FAST_ULYSSES_CHECK_CALLS": None,
-                       "FAST_ULYSSES_DEBUG": None})
+def three_ranks(launch_ranks):
+    return launch_ranks("call_check", WORLD, timeout=300,
+                        env={"CUDA_VISIBLE_DEVICES": "", "FAST_ULYSSES_CHECK_CALLS": None,
+                             "FAST_ULYSSES_DEBUG": None})
 
 
 @pytest.mark.parametrize("name,P", PER_P, ids=[f"{n}-P{P}" for n, P in PER_P])

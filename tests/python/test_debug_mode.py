@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from multirank import launch
+import debug_mode as worker
 
-WORKER = Path(__file__).with_name("_debug_worker.py")
+WORKER = Path(worker.__file__)
 CHECKS = ["debug_head_splits", "debug_mode", "debug_invalid", "debug_agreed", "dropped_results"]
 # What torch's ProcessGroup prints at exit for functional-collective results never waited on.
 UNWAITED = "unwaited collective"
 
 
 @pytest.fixture(scope="module")
-def three_ranks(tmp_path_factory):
-    return launch(WORKER, 3, tmp_path_factory.mktemp("debug"), timeout=180)
+def three_ranks(launch_ranks):
+    return launch_ranks("debug_mode", 3, timeout=180)
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -1,16 +1,14 @@
 """fast_ulysses.integrations.deepspeed.DistributedAttention against the installed DeepSpeed's
 own, every (scatter_idx, gather_idx, batch_dim_idx): one 3-rank gloo launch of
-_deepspeed_worker.py (P = 1, 2, 3); skipped without deepspeed (requirements/dev.txt)."""
+tests/workers/deepspeed_adapter.py (P = 1, 2, 3); skipped without deepspeed (requirements/dev.txt)."""
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-import _deepspeed_worker
-from multirank import launch
+import deepspeed_adapter as worker
 
 WORLD = 3
 
@@ -19,12 +17,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return launch(Path(_deepspeed_worker.__file__), WORLD, tmp_path_factory.mktemp("deepspeed"),
-                  timeout=300, env={"DS_ACCELERATOR": "cpu"})
+def ranks(launch_ranks):
+    return launch_ranks("deepspeed_adapter", WORLD, timeout=300, env={"DS_ACCELERATOR": "cpu"})
 
 
-@pytest.mark.parametrize("check", _deepspeed_worker.check_names(WORLD))
+@pytest.mark.parametrize("check", worker.check_names(WORLD))
 def test_against_deepspeed(ranks, check):
     P = int(check.rsplit("_P", 1)[1])
     ranks.assert_check(check, ranks=range(WORLD - P, WORLD))

@@ -1,7 +1,7 @@
 """fast_ulysses.integrations.diffusers.patch_diffusers() against the installed diffusers: a real
 tiny WanTransformer3DModel under diffusers' own context parallelism on 2, 3 and 4 gloo CPU
-ranks (one launch of _diffusers_worker.py per P, its whole world: diffusers' mesh spans it),
-output and every parameter gradient against one process and against diffusers' own, counters
+ranks (one launch of tests/workers/diffusers_patch.py per P, its whole world: diffusers' mesh
+spans it), output and every parameter gradient against one process and against diffusers' own, counters
 showing our group carried every Ulysses all-to-all; examples/diffusers_wan.py under torchrun;
 and in process: patching twice, unpatching,
 and the refusals when diffusers is missing or built otherwise. Skipped without diffusers
@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import _diffusers_worker
-from multirank import launch
+import diffusers_patch
 
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import diffusers as fd
@@ -33,21 +32,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache = {}
-
-    def run(world):
-        if world not in cache:
-            cache[world] = launch(Path(_diffusers_worker.__file__), world,
-                                  tmp_path_factory.mktemp(f"diffusers-p{world}"),
-                                  timeout=TIMEOUT_S)
-        return cache[world]
-
-    return run
+def runs(launch_ranks):
+    return lambda world: launch_ranks("diffusers_patch", world, timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("world,check", [(w, c) for w in WORLDS
-                                         for c in _diffusers_worker.check_names(w)])
+                                         for c in diffusers_patch.check_names(w)])
 def test_diffusers_context_parallel(runs, world, check):
     runs(world).assert_check(check)
 

@@ -14,9 +14,7 @@ import torch
 
 import fast_ulysses as fu
 from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference
-from multirank import launch
 
-WORKER = Path(__file__).with_name("_fused_worker.py")
 
 
 def independent(x, w, eps, cos, sin, norm, style, layout):
@@ -113,9 +111,8 @@ def test_a_process_group_is_refused_naming_the_group_types(world1):
 
 
 @pytest.fixture(scope="module")
-def three_ranks(tmp_path_factory):
-    return launch(WORKER, 3, tmp_path_factory.mktemp("fused"), timeout=240,
-                  env={"CUDA_VISIBLE_DEVICES": ""})
+def three_ranks(launch_ranks):
+    return launch_ranks("fused_torch_group", 3, timeout=240, env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.parametrize("check", ["matches_reference", "qk_pair"])

@@ -1,6 +1,6 @@
-"""fast_ulysses.integrations: one 3-rank gloo launch of _integrations_worker.py (P = 1, 2, 3)
-checks every adapter's forward and backward bit for bit against a re-implementation of the
-upstream semantics; one of _upstream_worker.py checks the yunchang, diffusers and DeepSpeed
+"""fast_ulysses.integrations: one 3-rank gloo launch of tests/workers/integrations.py (P = 1, 2,
+3) checks every adapter's forward and backward bit for bit against a re-implementation of the
+upstream semantics; one of upstream_frameworks.py checks the yunchang, diffusers and DeepSpeed
 adapters against the installed packages themselves (requirements/dev.txt installs them);
 argument errors and patch_yunchang in process."""
 
@@ -9,27 +9,24 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
-import _integrations_worker
-import _upstream_worker
-from multirank import launch
+import integrations as worker
+import upstream_frameworks
 
 WORLD = 3
-WORKER = Path(_integrations_worker.__file__)
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    return launch(WORKER, WORLD, tmp_path_factory.mktemp("integrations"), timeout=300)
+def ranks(launch_ranks):
+    return launch_ranks("integrations", WORLD, timeout=300)
 
 
-@pytest.mark.parametrize("check", _integrations_worker.check_names(WORLD))
+@pytest.mark.parametrize("check", worker.check_names(WORLD))
 def test_worker_check(ranks, check):
     P = int(check.rsplit("_P", 1)[1])
     ranks.assert_check(check, ranks=range(WORLD - P, WORLD))
@@ -41,18 +38,18 @@ def test_all_ranks_exit_cleanly(ranks):
 
 # The frameworks installed here (requirements/dev.txt installs them); a check of one that is not
 # installed is skipped, saying so.
-INSTALLED = [f for f in _upstream_worker.CHECKS if importlib.util.find_spec(f) is not None]
+INSTALLED = [f for f in upstream_frameworks.CHECKS if importlib.util.find_spec(f) is not None]
 
 
 @pytest.fixture(scope="module")
-def upstream_ranks(tmp_path_factory):
+def upstream_ranks(launch_ranks):
     if not INSTALLED:
         pytest.skip("none of yunchang, diffusers, deepspeed is installed (requirements/dev.txt)")
-    return launch(Path(_upstream_worker.__file__), WORLD, tmp_path_factory.mktemp("upstream"),
-                  timeout=300, args=("--frameworks", ",".join(INSTALLED)))
+    return launch_ranks("upstream_frameworks", WORLD, "--frameworks", ",".join(INSTALLED),
+                        timeout=300)
 
 
-@pytest.mark.parametrize("framework,check", _upstream_worker.check_names(WORLD))
+@pytest.mark.parametrize("framework,check", upstream_frameworks.check_names(WORLD))
 def test_against_the_installed_framework(upstream_ranks, framework, check):
     """Forward and (where upstream has one) gradients bit for bit against yunchang's and
     diffusers' own all-to-alls, yunchang's UlyssesAttention before and after patch_yunchang(),

@@ -7,7 +7,6 @@ so the machine's 2 cores pay for 8 torch imports, not 36) with a hard timeout.""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,17 +18,14 @@ from fast_ulysses.plan import limits
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec, check_input, window_bytes_by_tag
 
-from multirank import launch
 
 WORLD = 8
-WORKER = Path(__file__).with_name("_torch_group_worker.py")
 
 
 @pytest.fixture(scope="module")
-def eight_ranks(tmp_path_factory):
+def eight_ranks(launch_ranks):
     # CPU ranks even where GPUs exist: the worker checks make_group's fallback for ranks without one.
-    return launch(WORKER, WORLD, tmp_path_factory.mktemp("ranks"), timeout=300,
-                  env={"CUDA_VISIBLE_DEVICES": ""})
+    return launch_ranks("torch_group", WORLD, timeout=300, env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.parametrize("P", range(1, WORLD + 1))

@@ -1,31 +1,28 @@
 """fast_ulysses.integrations.xfuser (xDiT's USP all-to-alls, patch_xfuser) and
 fast_ulysses.integrations.fastvideo against the functions xfuser 0.7.0 and fastvideo 0.2.1
-define: one 3-rank gloo launch of _xdit_fastvideo_worker.py (P = 1, 2, 3). The packages are
+define: one 3-rank gloo launch of tests/workers/xdit_fastvideo.py (P = 1, 2, 3). The packages are
 installed without their dependency trees (requirements/upstream-nodeps.txt, which .ci/run
 installs); a check of one that is not there is skipped, saying so."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-import _upstream_nodeps
-import _xdit_fastvideo_worker as worker
-from multirank import launch
+import upstream_nodeps
+import xdit_fastvideo as worker
 
 WORLD = 3
-MISSING = {f: _upstream_nodeps.missing(f) for f in worker.CHECKS}
+MISSING = {f: upstream_nodeps.missing(f) for f in worker.CHECKS}
 PRESENT = [f for f, reason in MISSING.items() if not reason]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def ranks(launch_ranks):
     if not PRESENT:
         pytest.skip("; ".join(MISSING.values()))
-    return launch(Path(worker.__file__), WORLD, tmp_path_factory.mktemp("xdit_fastvideo"),
-                  timeout=300, args=("--frameworks", ",".join(PRESENT)))
+    return launch_ranks("xdit_fastvideo", WORLD, "--frameworks", ",".join(PRESENT), timeout=300)
 
 
 @pytest.mark.parametrize("framework,check", worker.check_names(WORLD))

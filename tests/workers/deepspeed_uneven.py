@@ -1,4 +1,4 @@
-"""The uneven-heads checks of _deepspeed_worker.py (see its docstring): DeepSpeed 0.19.8's
+"""The uneven-heads checks of deepspeed_adapter.py (see its docstring): DeepSpeed 0.19.8's
 `uneven_heads_all2all` path (key-value heads not divisible by P) against
 fast_ulysses.integrations.deepspeed.DistributedAttention, on one gloo group of P > 1 ranks."""
 
@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import deepspeed as ours
 
-import _integrations_worker as adapters
+import integrations as adapters
 
 
 def gqa_attention(q, k, v, layout):

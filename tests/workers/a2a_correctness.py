@@ -1,13 +1,13 @@
 """torchrun worker: the fast path's correctness on a real node, or with ranks sharing one GPU.
 
     # a real node, one GPU per rank, NCCL; the reference is TorchUlyssesGroup over NCCL
-    torchrun --nproc-per-node 8 tests/distributed/a2a_correctness.py
+    torchrun --nproc-per-node 8 tests/workers/a2a_correctness.py
     # P ranks sharing cuda:0 (gloo; the reference group runs on CPU copies over gloo)
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 4 \
-        tests/distributed/a2a_correctness.py --shared-gpu
+        tests/workers/a2a_correctness.py --shared-gpu
 
 Rank 0 prints one line per check group and a closing 'N passed, N failed' line; any failure
-raises on the rank that saw it, so torchrun exits non-zero. Launched by tests/multirank.py (as
+raises on the rank that saw it, so torchrun exits non-zero. Launched by multirank.py (as
 tests/gpu does), each rank also writes a JSON report naming every check and how it ended.
 """
 
@@ -20,17 +20,14 @@ import re
 import tempfile
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import a2a_checks  # noqa: E402
-from multirank import Report  # noqa: E402
+import a2a_checks
+from multirank import Report
 
-import fast_ulysses as fu  # noqa: E402
+import fast_ulysses as fu
 
 
 def parse_args():

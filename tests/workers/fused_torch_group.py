@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -13,8 +12,7 @@ import torch.distributed as dist
 import fast_ulysses as fu
 from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report
 
 D = 8
 

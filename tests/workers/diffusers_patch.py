@@ -44,14 +44,12 @@ import os
 import sys
 import traceback
 import types
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report
 
 LAYERS, HEAD_DIM = 2, 16
 UNEVEN_HEADS = {2: 3, 3: 4, 4: 5}

@@ -1,4 +1,4 @@
-"""One rank of test_call_check.py (run through tests/multirank.py, or by torchrun): a gloo world
+"""One rank of test_call_check.py (run through multirank.py, or by torchrun): a gloo world
 of 3 CPU ranks; for P = 1, 2, 3 the last P ranks form a subgroup and run TorchUlyssesGroup's call
 check (every call first compares every rank's call, FAST_ULYSSES_CHECK_CALLS) and `out=`.
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -53,8 +52,7 @@ import fast_ulysses as fu
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.plan import input_shape
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import run_on_subgroups  # noqa: E402
+from multirank import run_on_subgroups
 
 MISMATCH_CHECKS = ["forgotten_seq_splits", "head_splits_one_rank", "mode_differs", "tag_differs",
                    "layout_differs", "invalid_one_rank", "other_fields", "every_rank_invalid"]

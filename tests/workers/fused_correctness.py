@@ -3,7 +3,7 @@ on UlyssesGroup against the unfused float32 reference (`fast_ulysses.fused.norm_
 followed by `fast_ulysses.simulate`, within one unit in the last place of the payload dtype.
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 3 \\
-        tests/distributed/fused_correctness.py --shared-gpu
+        tests/workers/fused_correctness.py --shared-gpu
 
 Checks (each a `Report` entry; rank 0 prints one "ok" line per check and "N passed, 0 failed"):
   matrix       both norms x both RoPE styles x bf16/fp16 x bshd/sbhd x owned/borrowed, with uneven
@@ -33,7 +33,6 @@ import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,9 +41,8 @@ import fast_ulysses as fu
 from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference, \
     qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
-from profiling import activities, init_profiler_for_graphs, kernel_names  # noqa: E402
+from multirank import Report
+from profiling import activities, init_profiler_for_graphs, kernel_names
 
 CHECKS = ("matrix", "qk_pair", "captured", "compiled", "eager_reuse", "kernel_paths", "refusals")
 D = 64

@@ -2,18 +2,18 @@
 
     # P ranks sharing cuda:0 (gloo), the way tests/gpu/test_graph_gpu.py runs it
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 4 \
-        tests/distributed/graph_correctness.py --shared-gpu
-    # a subset, fewer replays of the captured layer
-    ... graph_correctness.py --shared-gpu --only captured_layer,e --replays 50
+        tests/workers/graph_correctness.py --shared-gpu
+    # a subset (check names or name prefixes; --list names them), fewer replays of the layer
+    ... graph_correctness.py --shared-gpu --only captured_layer,capture_without --replays 50
     # a real node, one GPU per rank (NCCL process group)
-    torchrun --standalone --nproc-per-node 8 tests/distributed/graph_correctness.py
+    torchrun --standalone --nproc-per-node 8 tests/workers/graph_correctness.py
 
 Every check builds its own UlyssesGroup (and destroys it), so `--only` runs any subset. A tag's
 window exists before capture, by an eager warm-up call on a side stream or by `reserve()`
 (both are used). Inputs are rebuilt on every rank from seeds (a2a_checks.inputs_for), so each
 rank compares its results with `fast_ulysses.simulate` on the raw bytes.
 
-Launched by tests/multirank.py (as tests/gpu does), each rank also writes a JSON report naming
+Launched by multirank.py (as tests/gpu does), each rank also writes a JSON report naming
 every check and how it ended. Rank 0 prints '  ok  <check>: ...' per check and a closing
 'N passed, 0 failed' line. A failure
 raises an AssertionError naming the check, the rank and the replay (or call) index, prints it
@@ -31,32 +31,26 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import a2a_checks  # noqa: E402
-from a2a_checks import Case, balanced  # noqa: E402
-from multirank import Report  # noqa: E402
-from profiling import (NOT_KERNELS, activities, device_activity,  # noqa: E402
+import a2a_checks
+from a2a_checks import Case, balanced
+from multirank import Report
+from profiling import (NOT_KERNELS, activities, device_activity,
                        init_profiler_for_graphs)
 
-import fast_ulysses as fu  # noqa: E402
+import fast_ulysses as fu
 
-CHECKS: list = []  # (name, letter, function), in run order
+CHECKS: dict = {}  # name -> function, in run order
 
 
-def check(letter: str):
-    """Registers a check under `letter`, the group of checks it belongs to (a-g, each headed
-    `# -- <letter>: ...` below); `--only <letter>` runs every check of that group."""
-    def register(fn):
-        CHECKS.append((fn.__name__.removeprefix("check_"), letter, fn))
-        return fn
-    return register
+def check(fn):
+    """Registers `fn` as the check named after it without its `check_` prefix."""
+    CHECKS[fn.__name__.removeprefix("check_")] = fn
+    return fn
 
 
 def parse_args(argv=None):
@@ -67,8 +61,8 @@ def parse_args(argv=None):
                         help="replays of the captured layer (default 200); the other checks "
                              "replay min(20, --replays) times")
     parser.add_argument("--only", action="append", default=[],
-                        help="comma-separated check names, name prefixes or letters a-g "
-                             "(repeatable); default: every check")
+                        help="comma-separated check names or name prefixes (repeatable; --list "
+                             "names them); default: every check")
     parser.add_argument("--capture-error-mode", default="global",
                         choices=("global", "thread_local", "relaxed"),
                         help="torch.cuda.graph(capture_error_mode=...) (default: torch's, global)")
@@ -79,7 +73,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-# -- calls ------------------------------------------------------------------------------------
+# -- calls --------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Call:
@@ -160,7 +154,7 @@ def pick(P: int, layout: str, dtype: torch.dtype, batch: int = 1) -> Case:
     return Case(batch, seq, heads, 64, dtype, layout)  # not in the matrix: the same case
 
 
-# -- the context every check gets -------------------------------------------------------------
+# -- the context every check gets ---------------------------------------------------------------
 
 class Ctx:
     def __init__(self, args, pg, rank: int, world_size: int, device: torch.device):
@@ -239,14 +233,14 @@ def finish(group) -> None:
     group.destroy()
 
 
-# -- a: each entry point captured alone --------------------------------------------------------
+# -- each entry point captured alone ------------------------------------------------------------
 
-@check("a")
+@check
 def check_capture_copy_mode0(ctx: Ctx) -> str:
     """Owned result, mode 0, bshd bf16 uneven splits; window from an eager warm-up; the result
     consumed inside the graph by its first aten op."""
     group = ctx.group()
-    calls = [Call(pick(ctx.P, "bshd", torch.bfloat16), 0, "a-copy0", "copy", "clone")]
+    calls = [Call(pick(ctx.P, "bshd", torch.bfloat16), 0, "copy0", "copy", "clone")]
     statics = ctx.warm_up(group, calls, seed=1_000)
     g, outs = ctx.capture(group, calls, statics)
     ctx.replay_and_check(g, calls, statics, outs, ctx.short, seed=1_100, chunk=5)
@@ -254,14 +248,14 @@ def check_capture_copy_mode0(ctx: Ctx) -> str:
     return f"{ctx.short} replays, warm-up window, {calls[0].case.seq_splits} rows"
 
 
-@check("a")
+@check
 def check_capture_copy_mode1(ctx: Ctx) -> str:
     """Owned result, mode 1, sbhd fp16 uneven; the window sized by reserve() only (the warm-up
     runs on another declared tag, so the captured tag's first call is the captured one);
     used inside the graph as returned."""
     group = ctx.group(0)
-    call = Call(pick(ctx.P, "sbhd", torch.float16), 1, "a-copy1", "copy", "wait")
-    warm = dataclasses.replace(call, tag="a-warm")
+    call = Call(pick(ctx.P, "sbhd", torch.float16), 1, "copy1", "copy", "wait")
+    warm = dataclasses.replace(call, tag="warm")
     group.reserve([call.spec(ctx.rank), warm.spec(ctx.rank)])
     statics = ctx.warm_up(group, [warm], seed=2_000)
     g, outs = ctx.capture(group, [call], statics)
@@ -270,12 +264,12 @@ def check_capture_copy_mode1(ctx: Ctx) -> str:
     return f"{ctx.short} replays, reserve() window"
 
 
-@check("a")
+@check
 def check_capture_borrowed(ctx: Ctx) -> str:
     """Borrowed (barrier=True), mode 0, sbhd bf16 b=2 uneven; the graph's output is the
     window itself, read after each replay."""
     group = ctx.group()
-    calls = [Call(pick(ctx.P, "sbhd", torch.bfloat16, batch=2), 0, "a-borrowed", "borrowed")]
+    calls = [Call(pick(ctx.P, "sbhd", torch.bfloat16, batch=2), 0, "borrowed", "borrowed")]
     statics = ctx.warm_up(group, calls, seed=3_000)
     g, outs = ctx.capture(group, calls, statics)
     ctx.replay_and_check(g, calls, statics, outs, ctx.short, seed=3_100, chunk=5)
@@ -283,7 +277,7 @@ def check_capture_borrowed(ctx: Ctx) -> str:
     return f"{ctx.short} replays, warm-up window"
 
 
-@check("a")
+@check
 def check_capture_deferred_qkv(ctx: Ctx) -> str:
     """q, k, v borrowed with barrier=False then one barrier(), all captured; bshd fp16
     uneven; windows from reserve()."""
@@ -299,7 +293,7 @@ def check_capture_deferred_qkv(ctx: Ctx) -> str:
     return f"{ctx.short} replays of q, k, v (barrier=False) + barrier(), reserve() windows"
 
 
-# -- b: a captured layer -----------------------------------------------------------------------
+# -- a captured layer ---------------------------------------------------------------------------
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """SDPA on bshd tensors: (b, S, h, d) -> (b, S, h, d), contiguous."""
@@ -307,7 +301,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return o.transpose(1, 2).contiguous()
 
 
-@check("b")
+@check
 def check_captured_layer(ctx: Ctx) -> str:
     """q, k, v mode 0 borrowed barrier=False, barrier(), SDPA, o mode 1 (owned), captured and
     replayed --replays times with fresh inputs. Every replay: q, k, v (cloned inside the graph)
@@ -369,17 +363,17 @@ def check_captured_layer(ctx: Ctx) -> str:
             "q, k, v and o bit-exact every replay")
 
 
-# -- c: eager calls between replays on the graph's tags ----------------------------------------
+# -- eager calls between replays on the graph's tags --------------------------------------------
 
-@check("c")
+@check
 def check_eager_between_replays(ctx: Ctx) -> str:
-    """A graph (copy mode 0 on tag c-x, borrowed mode 1 on tag c-y) and eager calls on the same
+    """A graph (copy mode 0 on tag x, borrowed mode 1 on tag y) and eager calls on the same
     tags (copy consumed by wait or clone; borrowed with barrier=True or barrier=False +
     barrier()), eager before or after the replay in turn, all issued back to back without a
     host synchronize, then every graph and eager result checked."""
     P, rank, device = ctx.P, ctx.rank, ctx.device
     case = pick(P, "bshd", torch.bfloat16)
-    graph_calls = [Call(case, 0, "c-x", "copy", "clone"), Call(case, 1, "c-y", "borrowed")]
+    graph_calls = [Call(case, 0, "x", "copy", "clone"), Call(case, 1, "y", "borrowed")]
     group = ctx.group()
     statics = ctx.warm_up(group, graph_calls, seed=7_000)
     g, outs = ctx.capture(group, graph_calls, statics)
@@ -425,7 +419,7 @@ def check_eager_between_replays(ctx: Ctx) -> str:
     return f"{n} replays interleaved with {2 * n} eager calls on the same tags"
 
 
-@check("c")
+@check
 def check_first_owned_call_after_capture(ctx: Ctx) -> str:
     """A tag that has carried only borrowed calls (eager calls there skip the waits for owned
     results): a borrowed call on it captured into a graph, then the tag's first owned calls
@@ -436,7 +430,7 @@ def check_first_owned_call_after_capture(ctx: Ctx) -> str:
     not wait for the peers' copies of their owned results out of their windows."""
     P, rank, device = ctx.P, ctx.rank, ctx.device
     case = pick(P, "bshd", torch.bfloat16, batch=2)
-    borrowed = Call(case, 0, "c-first", "borrowed")
+    borrowed = Call(case, 0, "first", "borrowed")
     owned = dataclasses.replace(borrowed, entry="copy", consume="wait")
     group = ctx.group()
     statics = ctx.warm_up(group, [borrowed], seed=7_800)
@@ -482,20 +476,20 @@ def check_first_owned_call_after_capture(ctx: Ctx) -> str:
             f"borrowed calls")
 
 
-# -- d: two graphs, one group, the same tags ---------------------------------------------------
+# -- two graphs, one group, the same tags -------------------------------------------------------
 
-@check("d")
+@check
 def check_two_graphs_one_group(ctx: Ctx) -> str:
-    """G1 (copy mode 0 on d-x, borrowed mode 1 on d-y, b=1) and G2 (borrowed mode 0 on d-x,
-    copy mode 1 on d-y, b=2: larger) on one group; windows from reserve() over both shapes;
+    """G1 (copy mode 0 on x, borrowed mode 1 on y, b=1) and G2 (borrowed mode 0 on x,
+    copy mode 1 on y, b=2: larger) on one group; windows from reserve() over both shapes;
     replayed alternately (then a few repeats), back to back, every replay checked."""
     P, rank = ctx.P, ctx.rank
     small = pick(P, "bshd", torch.bfloat16, batch=1)
     large = dataclasses.replace(small, batch=2)
-    g1_calls = [Call(small, 0, "d-x", "copy", "clone"), Call(small, 1, "d-y", "borrowed")]
-    g2_calls = [Call(large, 0, "d-x", "borrowed"), Call(large, 1, "d-y", "copy", "wait")]
-    warm1 = [dataclasses.replace(c, tag=c.tag.replace("d-", "warm-")) for c in g1_calls]
-    warm2 = [dataclasses.replace(c, tag=c.tag.replace("d-", "warm-")) for c in g2_calls]
+    g1_calls = [Call(small, 0, "x", "copy", "clone"), Call(small, 1, "y", "borrowed")]
+    g2_calls = [Call(large, 0, "x", "borrowed"), Call(large, 1, "y", "copy", "wait")]
+    warm1 = [dataclasses.replace(c, tag=f"warm-{c.tag}") for c in g1_calls]
+    warm2 = [dataclasses.replace(c, tag=f"warm-{c.tag}") for c in g2_calls]
     group = ctx.group(0)
     group.reserve([c.spec(rank) for c in g1_calls + g2_calls + warm1 + warm2])
     statics1 = ctx.warm_up(group, warm1, seed=8_000)
@@ -527,12 +521,12 @@ def check_two_graphs_one_group(ctx: Ctx) -> str:
                 ctx.expect(c.label(), o, c.want(xs, rank))
     del graphs
     finish(group)
-    return f"{len(order)} replays of two graphs on tags d-x, d-y (b=1 and b=2)"
+    return f"{len(order)} replays of two graphs on tags x, y (b=1 and b=2)"
 
 
-# -- e: a call under capture without a window ---------------------------------------------------
+# -- a call under capture without a window ------------------------------------------------------
 
-@check("e")
+@check
 def check_capture_without_window_raises(ctx: Ctx) -> str:
     """Under capture, a call on a tag with no window, or with a window too small, raises
     ValueError naming reserve() and warm-up; torch ends the capture and the process goes on:
@@ -540,22 +534,22 @@ def check_capture_without_window_raises(ctx: Ctx) -> str:
     the graph replayed again, all checked."""
     P, rank, device = ctx.P, ctx.rank, ctx.device
     case = pick(P, "bshd", torch.bfloat16)
-    known = Call(case, 0, "e-known", "copy", "clone")
+    known = Call(case, 0, "known", "copy", "clone")
     group = ctx.group(0)
     statics = ctx.warm_up(group, [known], seed=9_000)
     x = statics[0]
     big_case = dataclasses.replace(case, batch=4)
-    big = Call(big_case, 0, "e-known").inputs(P, 9_001)[rank].to(device)
+    big = Call(big_case, 0, "known").inputs(P, 9_001)[rank].to(device)
     attempts = [
         ("copy on a tag with no window", lambda: _wait(group.all_to_all_single_4d(
-            x, 0, "e-new", **known.splits()))),
+            x, 0, "new", **known.splits()))),
         ("borrowed on a tag with no window", lambda: group.all_to_all_single_4d_borrowed(
-            x, 0, "e-new-b", **known.splits())),
+            x, 0, "new-b", **known.splits())),
         ("borrowed barrier=False on a tag with no window",
-         lambda: group.all_to_all_single_4d_borrowed(x, 0, "e-new-d", barrier=False,
+         lambda: group.all_to_all_single_4d_borrowed(x, 0, "new-d", barrier=False,
                                                      **known.splits())),
         ("copy needing a larger window (b=4 on a b=1 window)",
-         lambda: _wait(group.all_to_all_single_4d(big, 0, "e-known", **known.splits()))),
+         lambda: _wait(group.all_to_all_single_4d(big, 0, "known", **known.splits()))),
     ]
     count = 0
     for name, call in attempts:
@@ -579,7 +573,7 @@ def check_capture_without_window_raises(ctx: Ctx) -> str:
     g, outs = ctx.capture(group, [known], statics)
     ctx.replay_and_check(g, [known], statics, outs, 3, seed=9_200, label="valid replay")
     ctx.where = "eager call on a new tag after capture (the pool grows)"
-    grow = Call(Case(4, (64,) * P, (2,) * P, 64, torch.bfloat16, "bshd"), 0, "e-grow",
+    grow = Call(Case(4, (64,) * P, (2,) * P, 64, torch.bfloat16, "bshd"), 0, "grow",
                 "borrowed")
     xs = grow.inputs(P, 9_300)
     segments_before = _segments(group)
@@ -600,7 +594,7 @@ def _segments(group):
     return stats()["segments"] if stats is not None else "?"
 
 
-# -- f: torch.compile(mode="reduce-overhead") --------------------------------------------------
+# -- torch.compile(mode="reduce-overhead") ------------------------------------------------------
 
 class _Collect(logging.Handler):
     def __init__(self):
@@ -611,7 +605,7 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage().splitlines()[0][:300])
 
 
-@check("f")
+@check
 def check_compile_reduce_overhead(ctx: Ctx) -> str:
     """torch.compile(mode='reduce-overhead', fullgraph=True) of `all_to_all_single_4d(x) * 2 + 1`,
     10 calls with fresh inputs, each checked; then the same with the borrowed entry point,
@@ -623,14 +617,14 @@ def check_compile_reduce_overhead(ctx: Ctx) -> str:
     P, rank, device = ctx.P, ctx.rank, ctx.device
     inductor_config.compile_threads = 1  # P processes compile at once: no worker pools
     case = pick(P, "bshd", torch.bfloat16)
-    sp = Call(case, 0, "f").splits()
+    sp = Call(case, 0, "compiled").splits()
     group = ctx.group()
 
     def step_copy(x):
-        return group.all_to_all_single_4d(x, 0, "f-copy", **sp) * 2 + 1
+        return group.all_to_all_single_4d(x, 0, "copy", **sp) * 2 + 1
 
     def step_borrowed(x):
-        return group.all_to_all_single_4d_borrowed(x, 0, "f-borrowed", **sp) * 2 + 1
+        return group.all_to_all_single_4d_borrowed(x, 0, "borrowed", **sp) * 2 + 1
 
     collect = _Collect()
     # torch's "skipping cudagraphs due to ..." warnings (an artifact logger, off by default)
@@ -689,9 +683,9 @@ def check_compile_reduce_overhead(ctx: Ctx) -> str:
     return "; ".join(report)
 
 
-# -- g: zero SM ---------------------------------------------------------------------------------
+# -- zero SM ------------------------------------------------------------------------------------
 
-@check("g")
+@check
 def check_zero_sm_kernels(ctx: Ctx) -> str:
     """torch.profiler (CPU + CUDA) around 20 eager borrowed calls and 20 replays of a graph of
     q, k, v borrowed barrier=False + barrier(): the only kernels are copy kernels (torch's
@@ -701,8 +695,8 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
 
     P, rank, device = ctx.P, ctx.rank, ctx.device
     case = pick(P, "bshd", torch.bfloat16)
-    eager = Call(case, 0, "g-eager", "borrowed")
-    graph_calls = [Call(case, 0, t, "deferred") for t in ("g-q", "g-k", "g-v")]
+    eager = Call(case, 0, "eager", "borrowed")
+    graph_calls = [Call(case, 0, t, "deferred") for t in ("q", "k", "v")]
     group = ctx.group()
     x_eager = ctx.warm_up(group, [eager], seed=11_000)[0]
     statics = ctx.warm_up(group, graph_calls, seed=11_100)
@@ -757,19 +751,17 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
 
 # -- main ---------------------------------------------------------------------------------------
 
-def select(only: list[str]) -> list:
+def select(only: list[str]) -> list[str]:
+    """The names of the checks `--only` picks (each word a check name or a name prefix), in run
+    order; every check without `--only`. Raises SystemExit for a word that names none."""
     if not only:
         return list(CHECKS)
     wanted = [w.strip() for item in only for w in item.split(",") if w.strip()]
-
-    def matches(word, name, letter):  # a single letter names an item; longer words, prefixes
-        return word == letter if len(word) == 1 else name.startswith(word)
-
-    chosen = [entry for entry in CHECKS if any(matches(w, *entry[:2]) for w in wanted)]
-    unknown = [w for w in wanted if not any(matches(w, *entry[:2]) for entry in CHECKS)]
+    chosen = [name for name in CHECKS if any(name.startswith(w) for w in wanted)]
+    unknown = [w for w in wanted if not any(name.startswith(w) for name in CHECKS)]
     if unknown or not chosen:
         raise SystemExit(f"--only {','.join(wanted)}: unknown {unknown}; checks: "
-                         f"{', '.join(f'{n} ({lt})' for n, lt, _ in CHECKS)}")
+                         f"{', '.join(CHECKS)}")
     return chosen
 
 
@@ -781,14 +773,15 @@ def main(args) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = torch.device("cuda", 0 if args.shared_gpu else local_rank)
     torch.cuda.set_device(device)
-    if any(letter == "g" for _, letter, _ in chosen):
+    if "zero_sm_kernels" in chosen:
         init_profiler_for_graphs(device)
     ctx = Ctx(args, dist.group.WORLD, rank, world_size, device)
 
     start = time.time()
     report = Report(rank)
     passed = 0
-    for name, letter, fn in chosen:
+    for name in chosen:
+        fn = CHECKS[name]
         ctx.check, ctx.where = name, "setup"
         t0 = time.time()
         with report.check(name) as entry:
@@ -796,7 +789,7 @@ def main(args) -> int:
                 note = fn(ctx)
                 torch.cuda.synchronize()
             except Exception as error:
-                raise AssertionError(f"check {name} ({letter}) failed on rank {rank} at "
+                raise AssertionError(f"check {name} failed on rank {rank} at "
                                      f"{ctx.where}: {type(error).__name__}: {error}") from error
             entry["detail"] = (note or "").split("\n")[0]
             dist.barrier()
@@ -821,8 +814,8 @@ def main(args) -> int:
 if __name__ == "__main__":
     arguments = parse_args()
     if arguments.list:
-        for check_name, check_letter, check_fn in CHECKS:
-            print(f"{check_name} ({check_letter}): {check_fn.__doc__.split(chr(10))[0]}")
+        for check_name, check_fn in CHECKS.items():
+            print(f"{check_name}: {check_fn.__doc__.split(chr(10))[0]}")
         sys.exit(0)
     try:
         code = main(arguments)

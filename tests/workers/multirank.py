@@ -1,12 +1,17 @@
 """The one launcher of every multi-rank test, and the per-rank report its workers write.
 
+Every multi-rank worker lives in this folder (tests/workers), beside the helper modules it
+imports; tests/conftest.py puts the folder on sys.path and wraps `launch` in the one fixture
+every test launches through (`launch_ranks`), on gloo CPU ranks or on ranks sharing one GPU.
+
 Parent side (pytest): `launch(script, nproc, tmp, timeout=...)` starts `nproc` processes of
-`script` with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), so a worker calls `dist.init_process_group(backend)` exactly as under torchrun and
-stays runnable with torchrun on a real node. gloo is pinned to the loopback interface. The first
-rank to fail gets the others killed (they would only wait for it in a collective), and so does
-the timeout: a hang fails the test instead of stalling it. Each rank's stdout and stderr go to
-<tmp>/rank<r>.log.
+`script` (a path, or a worker's name in this folder) with torchrun's environment (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so a worker calls
+`dist.init_process_group(backend)` exactly as under torchrun and stays runnable with torchrun
+on a real node. gloo is pinned to the loopback interface. The first rank to fail gets the others
+killed (they would only wait for it in a collective), and so does the timeout: a hang fails the
+test instead of stalling it. Each rank's stdout and stderr go to <tmp>/rank<r>.log.
+`SHARED_GPU_ENV` is what a launch of ranks sharing the first GPU adds to the environment.
 
 Worker side: `Report(rank)` writes <dir>/rank<r>.json when the launcher set REPORT_ENV to <dir>
 (under plain torchrun it writes nothing). `with report.check(name):` records the check as
@@ -30,6 +35,21 @@ from pathlib import Path
 
 REPORT_ENV = "FAST_ULYSSES_TEST_REPORT"
 TAIL_LINES = 40
+WORKERS = Path(__file__).resolve().parent
+# Ranks sharing the first GPU over gloo; multicast stays off in every GPU run.
+SHARED_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                  "NVSHMEM_DISABLE_NVLS": "1", "FAST_ULYSSES_ALLOW_SHARED_GPU": "1",
+                  "FAST_ULYSSES_WATCHDOG_S": "60"}
+
+
+def worker_path(worker: str | Path) -> Path:
+    """The worker script `worker` names: a path, or the name of a worker in this folder."""
+    if isinstance(worker, Path):
+        return worker
+    path = WORKERS / f"{worker}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no worker {worker!r} in {WORKERS}")
+    return path
 
 
 def subgroup_sizes(world: int, fast: bool) -> list[int]:
@@ -192,10 +212,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: Path, nproc: int, tmp: Path, *, timeout: float, args=(),
+def launch(script: str | Path, nproc: int, tmp: Path, *, timeout: float, args=(),
            env: dict | None = None) -> Launch:
     """Runs `script` as `nproc` ranks and waits for all of them, a failure or the timeout.
     `env` adds to this process's environment; a None value removes the variable."""
+    script = worker_path(script)
     tmp.mkdir(parents=True, exist_ok=True)
     reports = tmp / "reports"
     reports.mkdir(exist_ok=True)
@@ -226,7 +247,7 @@ def launch(script: Path, nproc: int, tmp: Path, *, timeout: float, args=(),
         report = json.loads(path.read_text()) if path.exists() else None
         ranks.append(RankRun(r, None if r in killed else p.returncode, log.read(), report))
         log.close()
-    return Launch(Path(script), ranks, timed_out)
+    return Launch(script, ranks, timed_out)
 
 
 def _wait(procs, timeout: float) -> bool:

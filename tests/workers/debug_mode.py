@@ -1,4 +1,4 @@
-"""One rank of test_debug_mode.py (run through tests/multirank.py, or by torchrun): a gloo world
+"""One rank of test_debug_mode.py (run through multirank.py, or by torchrun): a gloo world
 of 3 CPU ranks and TorchUlyssesGroup.
 
 Checks (each a `Report.check`):
@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import fast_ulysses as fu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report
 
 WORLD = 3
 

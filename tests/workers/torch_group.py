@@ -1,4 +1,4 @@
-"""One rank of the TorchUlyssesGroup test (run by test_torch_group.py through tests/multirank.py,
+"""One rank of the TorchUlyssesGroup test (run by test_torch_group.py through multirank.py,
 or by torchrun).
 
 All ranks join one gloo world; for P = 1..world_size the last P ranks form a subgroup (so group
@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,8 +23,7 @@ from fast_ulysses.plan import input_shape as plan_input_shape
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import run_on_subgroups  # noqa: E402
+from multirank import run_on_subgroups
 
 # (dtype, b, d) triples: every dtype and both batch sizes, without their full product (2 cores),
 # and fp32 with d = 1 (4-byte rows: the softmax LSE that hybrid Ulysses + Ring exchanges).

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,9 +32,8 @@ from fast_ulysses.integrations import deepspeed as ours_deepspeed
 from fast_ulysses.integrations import diffusers as ours_diffusers
 from fast_ulysses.integrations import yunchang as ours
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _integrations_worker as adapters  # noqa: E402  (this folder: the script's own)
-from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+import integrations as adapters
+from multirank import run_on_subgroups, subgroup_sizes
 
 # yunchang's own callables, kept (by main, before any patch_yunchang() rebinds the module's
 # names). The frameworks are imported there and in the checks, so that the test can name the

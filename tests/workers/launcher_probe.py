@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import Report  # noqa: E402
+from multirank import Report
 
 
 def main() -> int:

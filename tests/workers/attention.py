@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,8 +37,7 @@ import torch.nn.functional as F
 import fast_ulysses as fu
 from fast_ulysses.attention import group_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes
 
 D = 8
 

@@ -16,11 +16,12 @@ and prints "rank R: windows intact". The GPU test requires that line and the rep
 rank, and a non-zero exit.
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 FAST_ULYSSES_WATCHDOG_S=5 torchrun --nproc-per-node 2 \\
-        tests/distributed/fast_mismatch.py
+        tests/workers/fast_mismatch.py
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
@@ -74,5 +75,14 @@ def main() -> int:
     os._exit(3)
 
 
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="accepted for a launch like every GPU worker's: this worker always "
+                             "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
+    parse_args()
     raise SystemExit(main())

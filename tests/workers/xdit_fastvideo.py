@@ -1,6 +1,6 @@
 """One rank of tests/python/test_xdit_fastvideo.py (gloo CPU ranks; P = 1, 2, 3 as the last P
 ranks of the world): fast-ulysses' xDiT and FastVideo adapters against the functions the real
-packages define (imported as _upstream_nodeps.py describes), bit for bit, forward and every
+packages define (imported as upstream_nodeps.py describes), bit for bit, forward and every
 input's gradient:
 - xfuser_usp_P<p>: fast_ulysses.integrations.xfuser's input_all_to_all, output_all_to_all,
   combined_qkv_all_to_all and combined_gqa_qkv_all_to_all against xfuser.model_executor.layers
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import sys
 import types
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,10 +36,9 @@ from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import fastvideo as ours_fastvideo
 from fast_ulysses.integrations import xfuser as ours_xfuser
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _integrations_worker as adapters  # noqa: E402
-import _upstream_nodeps as upstream  # noqa: E402
-from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+import integrations as adapters
+import upstream_nodeps as upstream
+from multirank import run_on_subgroups, subgroup_sizes
 
 USP = "xfuser.model_executor.layers.usp"
 NAMES = ("_ft_c_input_all_to_all", "_ft_c_output_all_to_all", "_combined_qkv_all_to_all",

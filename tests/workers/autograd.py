@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import fast_ulysses as fu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes
 
 CANDIDATE_LAYOUTS = ("bshd", "sbhd", "bhsd")
 D = 8

@@ -27,21 +27,19 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from fast_ulysses.attention import group_for  # noqa: E402
-from fast_ulysses.errors import FastUlyssesError  # noqa: E402
-from fast_ulysses.integrations import deepspeed as ours  # noqa: E402
+from fast_ulysses.attention import group_for
+from fast_ulysses.errors import FastUlyssesError
+from fast_ulysses.integrations import deepspeed as ours
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _integrations_worker as adapters  # noqa: E402
-import _deepspeed_uneven as uneven  # noqa: E402
-from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+import integrations as adapters
+import deepspeed_uneven as uneven
+from multirank import run_on_subgroups, subgroup_sizes
 
 INDICES = (-1, 0, 1, 2, 3)
 CHECKS = ("deepspeed_pairs", "deepspeed_rotary", "deepspeed_errors", "deepspeed_uneven",

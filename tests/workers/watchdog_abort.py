@@ -5,13 +5,14 @@ GPU for flags its peers never write. With FAST_ULYSSES_WATCHDOG_ACTION=abort (th
 stuck call on stderr and ends the process non-zero, and torchrun tears the job down.
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 FAST_ULYSSES_WATCHDOG_S=3 torchrun --nproc-per-node 2 \\
-        tests/distributed/watchdog_abort.py
+        tests/workers/watchdog_abort.py
 
 Exits 0 only if the watchdog did not end the job, which the GPU test counts as a failure.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -39,5 +40,14 @@ def main() -> int:
     return 0
 
 
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared-gpu", action="store_true",
+                        help="accepted for a launch like every GPU worker's: this worker always "
+                             "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
+    parse_args()
     raise SystemExit(main())

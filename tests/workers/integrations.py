@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,8 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multirank import run_on_subgroups, subgroup_sizes  # noqa: E402
+from multirank import run_on_subgroups, subgroup_sizes
 
 
 # -- the reference: upstream semantics, written from their documentation ----------------------
