@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck and racecheck on the fast path's torchrun workers
-# (tests/distributed/a2a_correctness.py, the copy path; fused_correctness.py, the fused kernel)
+# (tests/workers/a2a_correctness.py, the copy path; fused_correctness.py, the fused kernel)
 # at P = 1 and 2 ranks sharing the first GPU over gloo. Needs a GPU, the package installed, and
 # compute-sanitizer (CUDA toolkit).
 #
@@ -54,9 +54,9 @@ sanitizer_errors() {
 failed=0
 for worker in $WORKERS; do
   case $worker in
-    a2a) script=(tests/distributed/a2a_correctness.py --shared-gpu --iterations "$ITERATIONS") ;;
+    a2a) script=(tests/workers/a2a_correctness.py --shared-gpu --iterations "$ITERATIONS") ;;
     # --only for memcheck; no torch.profiler (CUPTI) beside the sanitizer
-    fused) script=(tests/distributed/fused_correctness.py --shared-gpu --no-kernel-names) ;;
+    fused) script=(tests/workers/fused_correctness.py --shared-gpu --no-kernel-names) ;;
     *) echo "sanitize: WORKERS has '$worker': each must be a2a or fused" >&2; exit 2 ;;
   esac
   for tool in $TOOLS; do
