@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import fast_ulysses as fu
+from fast_ulysses.bench import command as bench
 from fast_ulysses.bench import report
 from fast_ulysses.bench.stages import Baseline, Case
-from fast_ulysses.cli import bench
 from fast_ulysses.presets import PRESETS, even_splits, preset_call
 
 
@@ -112,9 +112,11 @@ def test_slowest_takes_the_max_and_least_hidden():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_bench_without_gpu_says_so():
-    result = subprocess.run([sys.executable, "-m", "fast_ulysses.cli.main", "bench"],
-                            capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("command", [["fast_ulysses.cli.main", "bench"], ["fast_ulysses.bench"]],
+                         ids=["fast-ulysses bench", "python -m fast_ulysses.bench"])
+def test_bench_without_gpu_says_so(command):
+    result = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 2
     assert "no CUDA GPU visible" in result.stderr and "Traceback" not in result.stderr
 
@@ -145,13 +147,18 @@ def test_negative_or_missing_hidden_is_reported_not_clipped():
 
 
 def _micro_copy():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "micro_copy.py"
-    spec = importlib.util.spec_from_file_location("micro_copy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from fast_ulysses.bench import micro_copy
+    return micro_copy
+
+
+@pytest.mark.parametrize("module", ["quick_wan", "micro_copy", "fallback_check_cost"])
+def test_each_benchmark_runs_as_a_module(module):
+    """Every standalone benchmark is a module of the installed package: `python -m
+    fast_ulysses.bench.<module> --help` imports it and prints its options (no GPU needed)."""
+    result = subprocess.run([sys.executable, "-m", f"fast_ulysses.bench.{module}", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (module, result.stderr)
+    assert "--json" in result.stdout and "Traceback" not in result.stderr, result.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fake pointers: only without a driver")
@@ -166,8 +173,8 @@ def test_micro_copy_batch_call_matches_the_binding():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_micro_copy_without_gpu_says_so():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "micro_copy.py")
-    result = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "fast_ulysses.bench.micro_copy"],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "needs a CUDA GPU" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -1,5 +1,6 @@
 """What the installed distribution carries and promises: one version, the torch it was built
-for (and a clear refusal under another), its dependencies, its LICENSE, the plot extra.
+for (and a clear refusal under another), its dependencies, its LICENSE, the plot extra, the
+benchmarks without their records.
 Everything here reads the installed package, so it checks a wheel as well as a checkout."""
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import pytest
 import torch
 
 import fast_ulysses
-from fast_ulysses import _build_info, _ops, _version, hardware
+from fast_ulysses import _build_info, _ops, _version, topology_probe
 from fast_ulysses.bench import report
 from fast_ulysses.cli import doctor
 
 DIST = "fast-ulysses"
 # Imported top-level module -> the distribution that provides it.
 PROVIDERS = {"torch": "torch", "rich": "rich", "pynvml": "nvidia-ml-py",
-             "matplotlib": "matplotlib"}
+             "matplotlib": "matplotlib", "cuda": "cuda-bindings"}
 
 
 def test_version_comes_from_one_place():
@@ -96,7 +97,20 @@ def test_dependencies_are_what_the_package_imports():
     requirements = _requirements()
     assert requirements[""] == {"torch", "rich", "nvidia-ml-py"}
     assert requirements["plot"] == {"matplotlib"}
-    assert {PROVIDERS[m] for m in imported} == requirements[""] | requirements["plot"]
+    assert requirements["micro"] == {"cuda-bindings"}  # fast_ulysses.bench.micro_copy
+    assert {PROVIDERS[m] for m in imported} == (requirements[""] | requirements["plot"]
+                                                | requirements["micro"])
+
+
+def test_the_benchmarks_ship_without_their_records():
+    """Every benchmark is a module of the installed package (`python -m fast_ulysses.bench.<name>`
+    works from a wheel); the recorded results (benchmarks/results/) are data of the source tree
+    and ship nowhere in it."""
+    package = Path(fast_ulysses.__file__).parent
+    for name in ("__main__", "command", "quick_wan", "micro_copy", "fallback_check_cost"):
+        assert (package / "bench" / f"{name}.py").is_file(), f"no fast_ulysses/bench/{name}.py"
+    records = [p for p in package.rglob("*") if p.suffix in (".json", ".png")]
+    assert not records, f"recorded results inside the package: {records[:3]}"
 
 
 def test_license_ships_with_the_distribution():
@@ -116,7 +130,7 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
 
 
 def test_doctor_versions_say_none_for_what_it_cannot_see():
-    versions = doctor._versions(hardware.Nvml())  # never entered: NVML reports nothing
+    versions = doctor._versions(topology_probe.Nvml())  # never entered: NVML reports nothing
     assert versions["fast_ulysses"] == fast_ulysses.__version__
     assert versions["built_for_torch"] == _build_info.TORCH_VERSION
     assert versions["torch"] == torch.__version__

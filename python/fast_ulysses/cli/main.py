@@ -8,7 +8,8 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import bench, doctor, plan_cmd
+    from ..bench import command as bench
+    from . import doctor, plan_cmd
     from ._help import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="fast-ulysses", description=__doc__,

@@ -4,7 +4,7 @@
 // bf16 ulps); for the P > 1 cases it also times rank 0's own share by the pitched copy kernel
 // and by cudaMemcpy2DAsync. From the repository root:
 //
-//   nvcc -O3 -arch=sm_90 -std=c++17 -Icsrc benchmarks/norm_rope_probe.cu \
+//   nvcc -O3 -arch=sm_90 -std=c++17 -Icsrc csrc/probes/norm_rope_probe.cu \
 //       csrc/kernels/norm_rope_bulk.cu csrc/kernels/pitched_copy.cu -o /tmp/norm_rope_probe
 //   /tmp/norm_rope_probe [substring of a case name]
 //

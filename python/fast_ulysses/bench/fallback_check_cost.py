@@ -12,9 +12,10 @@ is read when a group is built) and times, alternating on and off in every repeti
 
 Each timed call starts after a barrier (not timed), so both ranks enter it together; rank 0's
 wall-clock times are reported, as medians. The share is the tiny call's on - off difference
-over the Wan call's median with the check off.
+over the Wan call's median with the check off. It prints its table; --json also writes the
+record (the one quoted in docs/BENCHMARK.md, from the repository root):
 
-    python benchmarks/fallback_check_cost.py [--seq 37800] [--reps 7] [--tiny-reps 400]
+    python -m fast_ulysses.bench.fallback_check_cost [--seq 37800] [--reps 7] [--tiny-reps 400]
         [--json benchmarks/results/cpu-gloo-p2-fallback-check-cost.json]
 """
 
@@ -36,7 +37,6 @@ import torch.multiprocessing as mp
 P = 2
 HEADS, HEAD_DIM, WAN_SEQ = 40, 128, 37800  # Wan 720p: 75600 tokens, 40 heads of 128
 CHECK_ENV = "FAST_ULYSSES_CHECK_CALLS"
-DEFAULT_JSON = Path(__file__).with_name("results") / "cpu-gloo-p2-fallback-check-cost.json"
 
 
 def timed(group, x, tag) -> float:
@@ -96,7 +96,7 @@ def main() -> None:
                         help=f"rows per rank of the Wan-shaped call (Wan 720p: {WAN_SEQ})")
     parser.add_argument("--reps", type=int, default=7, help="timed Wan calls per setting")
     parser.add_argument("--tiny-reps", type=int, default=400, help="timed tiny calls per setting")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, help="also write the record here")
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
@@ -144,9 +144,10 @@ def main() -> None:
     print(f"the Wan-shaped call's own on - off: {100 * measured_share:+.2f}%; its range over "
           f"{args.reps} repetitions: on {spread['check_on'][0]:.1f}-{spread['check_on'][1]:.1f} "
           f"ms, off {spread['check_off'][0]:.1f}-{spread['check_off'][1]:.1f} ms")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.json}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

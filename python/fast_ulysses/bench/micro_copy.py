@@ -8,7 +8,7 @@
 All copies here are same-device, which current drivers run as SM kernels (measured on an H200): these
 numbers steer issue strategy and host cost; copy-engine peer bandwidth needs two GPUs.
 
-    python benchmarks/micro_copy.py [--json micro_copy.json]
+    python -m fast_ulysses.bench.micro_copy [--json micro_copy.json]
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def main() -> None:
     try:
         from cuda.bindings import runtime as rt
     except ImportError as error:
-        raise SystemExit(f"micro_copy needs cuda-bindings (pip install cuda-bindings): {error}")
+        raise SystemExit("micro_copy needs cuda-bindings (pip install 'fast-ulysses[micro]'): "
+                         f"{error}")
     if not torch.cuda.is_available():
         raise SystemExit("micro_copy needs a CUDA GPU: none is visible; nothing measured")
     src = torch.randint(0, 255, (TOTAL,), dtype=torch.uint8, device="cuda")

@@ -1,6 +1,6 @@
 """`fast-ulysses bench`: the stage-by-stage benchmark on real model shapes, side by side.
 
-    torchrun --nproc-per-node 8 -m fast_ulysses.cli.bench --preset wan-720p
+    torchrun --nproc-per-node 8 -m fast_ulysses.bench --preset wan-720p
     fast-ulysses bench --nproc 4 --shared-gpu          # 4 ranks sharing cuda:0 (testing)
 
 Under torchrun it uses the launched ranks; otherwise it spawns --nproc ranks itself.
@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 
 from .. import plan as make_plan
+from ..cli._args import integer, integers
+from ..cli._help import HelpFormatter
 from ..head_groups import head_groups
 from ..plan import DTYPE_NAMES
-from ..policy import MAX_RANKS
+from ..topology import MAX_RANKS
 from ..presets import PRESETS, even_splits
-from ._args import integer, integers
-from ._help import HelpFormatter
 
 # The payloads the benchmark's presets are measured in: a subset of fast_ulysses.plan's names.
 DTYPES = {name: DTYPE_NAMES[name] for name in ("bf16", "fp16")}
@@ -103,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cases(args, world_size: int) -> list:
-    from ..bench.stages import Case
+    from .stages import Case
     dtype = DTYPES[args.dtype]
     specs = []
     if args.shape:
@@ -162,8 +162,8 @@ def _driver() -> str:
 def worker(args) -> dict | None:
     """Runs every case on this rank; rank 0 returns the results dict (slowest rank)."""
     import fast_ulysses as fu
-    from ..bench.report import slowest
-    from ..bench.stages import run_case
+    from .report import slowest
+    from .stages import run_case
 
     rank, P = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK",
@@ -204,7 +204,7 @@ def _progress(items, show: bool):
 
 
 def report(results: dict, args) -> None:
-    from ..bench.report import print_table, write_json, write_plot
+    from .report import print_table, write_json, write_plot
     print_table(results)
     label = args.label or f"p{results['machine']['world_size']}" + (
         "-shared" if args.shared_gpu else "")
@@ -289,7 +289,3 @@ def main(argv=None) -> int:
                                      formatter_class=HelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@
 // floor under the host-time goal of a call on this machine: run one process alone, then several
 // at once on the same GPU (as the ranks sharing one GPU do). From the repository root:
 //
-//   nvcc -O2 -arch=sm_90 -std=c++17 benchmarks/launch_probe.cu -lcuda -o /tmp/launch_probe
+//   nvcc -O2 -arch=sm_90 -std=c++17 csrc/probes/launch_probe.cu -lcuda -o /tmp/launch_probe
 //   /tmp/launch_probe                       # one process
 //   for i in $(seq 8); do /tmp/launch_probe --quiet & done; wait   # eight at once
 //

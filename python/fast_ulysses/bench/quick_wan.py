@@ -12,7 +12,7 @@ address": borrowed calls one at a time, each with x where no call had it before 
 on, each captures and instantiates a graph first).
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
-        benchmarks/quick_wan.py --shared-gpu
+        -m fast_ulysses.bench.quick_wan --shared-gpu
 
 With --shared-gpu all ranks share cuda:0: the numbers are same-device SM copies contending for
 one GPU, not NVLink numbers. Prints the slowest rank's medians; JSON with --json PATH.
