@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What `pip install fast-ulysses` users get, checked from outside the source tree:
 #   1. a wheel built from this tree and an sdist, then a wheel built from that sdist; both
-#      wheels hold both extension modules, _build_info.py and LICENSE, and the same files
+#      wheels hold both extension modules, _build_info.py, LICENSE and the benchmarks
+#      (fast_ulysses/bench/, no recorded results), and the same files
 #      (the same bytes, compiled libraries aside); the sdist holds LICENSE;
 #   2. the sdist's wheel installed into a fresh virtual environment;
-#   3. from a scratch folder holding only copies of tests/, examples/ and benchmarks/:
+#   3. from a scratch folder holding only copies of tests/ and examples/:
 #      `import fast_ulysses` must resolve to that environment (asserted), then
 #      `fast-ulysses --version`, `plan`, `doctor`, and pytest on tests/python (plus tests/gpu
 #      with --gpu).
@@ -77,6 +78,10 @@ for module in ("fast_ulysses/_C.", "fast_ulysses/_cuda."):
     assert any(n.startswith(module) and n.endswith(".so") for n in a), f"{wheel}: no {module}*.so"
 assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
            for n in a), f"{wheel}: no LICENSE in its .dist-info"
+for name in ("command", "quick_wan", "micro_copy", "fallback_check_cost"):
+    assert f"fast_ulysses/bench/{name}.py" in a, f"{wheel}: no fast_ulysses/bench/{name}.py"
+records = [n for n in a if n.endswith((".json", ".png")) or "benchmarks/" in n]
+assert not records, f"{wheel}: ships recorded results {records[:3]}"
 assert a.keys() == b.keys(), f"the sdist's wheel and the tree's differ in files: {a.keys() ^ b.keys()}"
 differ = [n for n in a if not n.endswith(".so") and a[n] != b[n]]
 assert not differ, f"the sdist's wheel and the tree's differ in {differ}"
@@ -104,8 +109,8 @@ fi
 step "tests from outside the source tree"
 run="$work/run"
 rm -rf "$run" && mkdir -p "$run/tests"
-cp -r "$repo/tests/python" "$repo/tests/gpu" "$repo/tests/distributed" "$repo"/tests/*.py "$run/tests/"
-cp -r "$repo/examples" "$repo/benchmarks" "$run/"
+cp -r "$repo/tests/python" "$repo/tests/gpu" "$repo/tests/workers" "$repo"/tests/*.py "$run/tests/"
+cp -r "$repo/examples" "$run/"
 printf '[pytest]\ntimeout = 600\n' > "$run/pytest.ini"
 cd "$run"
 export PATH="$venv/bin:$PATH"

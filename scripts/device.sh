@@ -9,7 +9,7 @@
 #   tests   tests/gpu (the shared-GPU worker at P = 1..8, torch.compile) and the NCCL worker at P = 1
 #   graph   the CUDA-graph suite alone (tests/gpu/test_graph_gpu.py), when `tests` is not run;
 #           GRAPH_K selects with pytest -k (e.g. GRAPH_K="5 or 8")
-#   quick   Wan 720p host cost and device time at QUICK_P (default 1 2 8; benchmarks/quick_wan.py), then
+#   quick   Wan 720p host cost and device time at QUICK_P (default 1 2 8; fast_ulysses.bench.quick_wan), then
 #           the host time by stage (FAST_ULYSSES_HOST_PROFILE=1) at PROFILE_P (default 1 8), and P = 8
 #           --staggered (each rank's host issue timed while the other ranks wait)
 #   eager   the eager-graph cache (FAST_ULYSSES_EAGER_GRAPHS): the a2a worker's eager_graphs
@@ -18,14 +18,15 @@
 #           (default 2 8), with the host time by stage
 #   ab      Wan 720p host cost by stage at AB_P (default 8) of the commit in .carry/old and of this
 #           tree, alternately (old, new, old, new), both installed outside the tree
-#   oldgraph  the graph checks b and c (captured layer, eager calls between replays) at P = 2
-#           against the commit in .carry/old: they must fail there (built by `before`, or here)
+#   oldgraph  the graph checks captured_layer, eager_between_replays and
+#           first_owned_call_after_capture at P = 2 against the commit in .carry/old: they must
+#           fail there (built by `before`, or here)
 #   node    the real-node suite, one rank per GPU (a kind with 2, 4 or 8 GPUs), at every size of
 #           NODE_P (default "2 4 8") the machine has: the a2a worker over NCCL (its reference is
 #           TorchUlyssesGroup over NCCL), the graph worker, and fast-ulysses bench --graph with the
 #           overlap rows and the NCCL baseline; logs and JSON packed into node.tar.gz
 #   probe   host time of single driver calls and of graph launches shaped like a P = 8 call,
-#           without torch or peers (benchmarks/launch_probe.cu): one process, then PROBE_N (default
+#           without torch or peers (csrc/probes/launch_probe.cu): one process, then PROBE_N (default
 #           8) processes at once on the GPU, as ranks sharing it are
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
@@ -59,10 +60,14 @@ export FAST_ULYSSES_CUDA_ARCH=${FAST_ULYSSES_CUDA_ARCH:-90}
 # Warnings are errors in every build of ours (CMakeLists.txt), but the device's g++ may warn where
 # the development machine's does not: here they are counted (build.log), never a lost GPU run.
 NO_WERROR="-Ccmake.define.CMAKE_COMPILE_WARNING_AS_ERROR=OFF"
-quick_one() {  # $1: label, $2: P, then quick_wan.py's own options; extra environment from the caller
+# quick_wan is this checkout's, whichever package it measures (`before` and `ab` put an older
+# commit's on PYTHONPATH, which may have no fast_ulysses.bench.quick_wan): a copy in a folder of
+# its own, run by path.
+mkdir -p /tmp/fu-quick && cp python/fast_ulysses/bench/quick_wan.py /tmp/fu-quick/quick_wan.py
+quick_one() {  # $1: label, $2: P, then quick_wan's own options; extra environment from the caller
   local label=$1 P=$2; shift 2
   FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout 120 python3 -m torch.distributed.run --standalone \
-    --nproc-per-node $P benchmarks/quick_wan.py --shared-gpu "$@" --json "$OUT/quick_${label}_p$P.json" \
+    --nproc-per-node $P /tmp/fu-quick/quick_wan.py --shared-gpu "$@" --json "$OUT/quick_${label}_p$P.json" \
     > "$OUT/quick_${label}_p$P.log" 2>&1
   echo "$label P=$P rc=$?"; grep -E "^Wan|call|stage" "$OUT/quick_${label}_p$P.log" | tail -7
 }
@@ -104,18 +109,18 @@ if has node; then
   }
   for P in ${NODE_P:-2 4 8}; do
     if [ "$P" -gt "$GPUS" ]; then echo "node: P=$P skipped ($GPUS GPUs)"; continue; fi
-    node_run a2a "$P" tests/distributed/a2a_correctness.py --iterations ${NODE_ITERATIONS:-500}
+    node_run a2a "$P" tests/workers/a2a_correctness.py --iterations ${NODE_ITERATIONS:-500}
     grep -E "passed|failed|FAILED" "$R/a2a_p$P.log" | tail -2
-    node_run graph "$P" tests/distributed/graph_correctness.py --replays 200
+    node_run graph "$P" tests/workers/graph_correctness.py --replays 200
     grep -E "passed|failed|FAILED" "$R/graph_p$P.log" | tail -2
-    node_run bench "$P" -m fast_ulysses.cli.bench --graph --iters 50 --warmup 10 \
+    node_run bench "$P" -m fast_ulysses.bench --graph --iters 50 --warmup 10 \
       --out-dir "$R" --label "${GPU_LABEL}-node-p$P"
     grep -v -i "warn" "$R/bench_p$P.log" | tail -${TAIL:-30}
   done
   tar -czf "$OUT/node.tar.gz" -C "$OUT" node
 fi
 if has probe; then
-  nvcc -O2 -arch=sm_90 -std=c++17 benchmarks/launch_probe.cu -lcuda -o /tmp/launch_probe \
+  nvcc -O2 -arch=sm_90 -std=c++17 csrc/probes/launch_probe.cu -lcuda -o /tmp/launch_probe \
     > "$OUT/probe_build.log" 2>&1 || tail -5 "$OUT/probe_build.log"
   echo "launch probe, one process:"; timeout 120 /tmp/launch_probe | tee "$OUT/probe_1.txt"
   echo "launch probe, ${PROBE_N:-8} processes at once (each process's lines):"
@@ -124,7 +129,7 @@ if has probe; then
 fi
 if has tests; then
   timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    tests/distributed/a2a_correctness.py --iterations 200 > "$OUT/nccl_p1.log" 2>&1
+    tests/workers/a2a_correctness.py --iterations 200 > "$OUT/nccl_p1.log" 2>&1
   echo "NCCL worker P=1 rc=$?"; tail -3 "$OUT/nccl_p1.log"
   timeout ${TESTS_TIMEOUT:-540} python3 -m pytest tests/gpu -v -rs -p no:cacheprovider \
     ${TESTS_K:+-k "$TESTS_K"} > "$OUT/gpu_pytest.log" 2>&1
@@ -164,7 +169,7 @@ if has bench; then
   R=$OUT/bench; mkdir -p "$R"
   for P in ${BENCH_SIZES:-1 8}; do
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout ${BENCH_TIMEOUT:-200} python3 -m torch.distributed.run \
-      --standalone --nproc-per-node $P -m fast_ulysses.cli.bench --shared-gpu --graph \
+      --standalone --nproc-per-node $P -m fast_ulysses.bench --shared-gpu --graph \
       --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
       > "$R/bench_p$P.log" 2>&1
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
@@ -172,8 +177,9 @@ if has bench; then
   tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench
 fi
 fused_bench() {  # $1: label; the package on PYTHONPATH (or the editable install)
+  # (through cli.main: an older commit's package has its bench in fast_ulysses.cli.bench)
   timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    -m fast_ulysses.cli.bench --fused --modes 0 --gemms 0 --iters 30 --warmup 5 \
+    -m fast_ulysses.cli.main bench --fused --modes 0 --gemms 0 --iters 30 --warmup 5 \
     --preset wan-720p --preset hunyuan-720p --out-dir "$OUT/fused" --label "${GPU_LABEL}-p1-fused-$1" \
     > "$OUT/fused_$1.log" 2>&1
   echo "bench --fused $1 rc=$?"; grep -iE "fused|wan|hunyuan" "$OUT/fused_$1.log" | grep -v -i warn | tail -12
@@ -210,8 +216,10 @@ if has oldgraph && [ -d .carry/old ] && build_old; then
   PYTHONPATH=/tmp/old:${PYTHONPATH:-} python3 -c "import fast_ulysses as f; print('old package:', f.__file__)"
   FAST_ULYSSES_ALLOW_SHARED_GPU=1 FAST_ULYSSES_WATCHDOG_S=30 PYTHONPATH=/tmp/old:${PYTHONPATH:-} \
     timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    tests/distributed/graph_correctness.py --shared-gpu --only b,c --replays 50 \
+    tests/workers/graph_correctness.py --shared-gpu --replays 50 \
+    --only captured_layer,eager_between_replays,first_owned_call_after_capture \
     > "$OUT/oldgraph.log" 2>&1
-  echo "old code, graph checks b and c at P=2: rc=$? (must be non-zero)"
+  echo "old code, the captured layer and eager-between-replays graph checks at P=2: rc=$?" \
+    "(must be non-zero)"
   grep -E "ok |FAILED|passed|failed|watchdog|Error" "$OUT/oldgraph.log" | head -12
 fi
