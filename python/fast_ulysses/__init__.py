@@ -7,20 +7,20 @@
 GPU-free: fast_ulysses.plan(...) and fast_ulysses.simulate(...).
 """
 
-from ._version import __version__
+from . import integrations  # noqa: F401  (fast_ulysses.integrations.<framework>)
 from ._ops import cuda_available, cuda_load_error
+from ._version import __version__
 from .arguments import Mode
-from .errors import FastUlyssesError
+from .attention import UlyssesAttention
 from .autograd import register_op_autograd
-from .tags import auto_tag, backward_tag
+from .errors import FastUlyssesError
 from .factory import UlyssesGroupLike, make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
+from .tags import auto_tag, backward_tag
 from .torch_group import TorchUlyssesGroup
 from .validation import CallSpec
-from .attention import UlyssesAttention
-from . import integrations  # noqa: F401  (fast_ulysses.integrations.<framework>)
 
 register_op_autograd()
 

@@ -69,7 +69,7 @@ if _problem:
 try:
     # Registers torch.ops.fast_ulysses.*; the module holds the rules and constants Python asks
     # about (csrc/ops/module_c.cpp): `from ._ops import _C`.
-    from . import _C
+    from . import _C  # noqa: F401  (loaded for its op registrations)
 except ImportError as error:
     raise ImportError(f"fast_ulysses._C failed to load under torch {torch.__version__} (built "
                       f"against torch {_build_info.TORCH_VERSION}): {error}. If this torch is "

@@ -15,7 +15,6 @@ import torch
 
 from .errors import FastUlyssesError
 
-
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)  # what the ops' int arguments hold
 
 

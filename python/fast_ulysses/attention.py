@@ -5,7 +5,7 @@ into a fast-ulysses group (used by the module and by `fast_ulysses.integrations`
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

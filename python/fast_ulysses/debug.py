@@ -6,14 +6,14 @@ backward, which calls the C++ op directly, finds its group to check too."""
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch.distributed as dist
 
 from .arguments import as_mode, check_tag
 from .env import DEBUG_ENV, switch
-from .validation import plan_call
 from .errors import FastUlyssesError
+from .validation import plan_call
 
 
 def debug_enabled() -> bool:

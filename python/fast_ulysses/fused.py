@@ -20,7 +20,7 @@ to x's dtype once at the end:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -17,9 +17,9 @@ from ._ops import _C, cuda_load_error, cuda_module, ops
 from .arguments import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad
 from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
+from .errors import FastUlyssesError, public, refused
 from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision, decide, shared_gpu_pair
-from .errors import FastUlyssesError, public, refused
 
 _warned_shared_gpu = False
 
@@ -248,7 +248,7 @@ class UlyssesGroup:
     def _host_profile(self) -> dict:
         """With FAST_ULYSSES_HOST_PROFILE=1 set before the group was made: host microseconds per
         call in each stage of the calls since the last read (and their count); resets them.
-        For benchmarks (benchmarks/quick_wan.py)."""
+        For benchmarks (fast_ulysses.bench.quick_wan)."""
         self._check_live()
         stages, ns, calls = ops.host_profile(self.group_name)
         per_call = {s: (n / 1e3 / calls if calls else 0.0) for s, n in zip(stages, ns)}

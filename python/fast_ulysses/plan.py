@@ -6,8 +6,8 @@ defaults and error messages are exactly those the GPU path uses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import torch
 

@@ -16,13 +16,13 @@ cross the inter-socket link of a PCIe machine (NCCL stages those through host me
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from .env import DEBUG_ENV, SHARED_GPU_ENV
 from .errors import FastUlyssesError
 from .plan import limits
-
 
 # -- the topology ------------------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ def torch_can_access(bus_a: str, bus_b: str) -> bool | None:
     return bool(torch.cuda.can_device_access_peer(index[bus_a], index[bus_b]))
 
 
-def pair_info(infos: list[RankInfo], a: int, b: int, nvml: "Nvml") -> PairInfo:
+def pair_info(infos: list[RankInfo], a: int, b: int, nvml: Nvml) -> PairInfo:
     """How the GPUs of ranks a and b reach each other: NVML first, then torch."""
     ra, rb = infos[a], infos[b]
     if not (ra.has_gpu and rb.has_gpu) or ra.hostname != rb.hostname:
@@ -191,7 +191,7 @@ class Nvml:
         self.error = ""
         self._nvml = None
 
-    def __enter__(self) -> "Nvml":
+    def __enter__(self) -> Nvml:
         try:
             import pynvml
 

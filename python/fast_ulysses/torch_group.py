@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import torch
 import torch.distributed as dist
@@ -418,7 +418,7 @@ def _tag_code(tag: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _dtype_code(dtype: torch.dtype) -> int:
     return zlib.crc32(str(dtype).encode())
 

@@ -16,8 +16,8 @@ import torch
 
 from ._ops import _C
 from .arguments import check_tag
-from .plan import Plan, plan, resolve_dtype
 from .errors import FastUlyssesError
+from .plan import Plan, plan, resolve_dtype
 
 
 def check_input(x: torch.Tensor) -> int:

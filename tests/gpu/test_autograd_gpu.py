@@ -10,12 +10,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-import torch
-
 import attention
 import autograd
 import integrations
+import pytest
+import torch
 from _gpu import needs_gpu
 
 NPROCS = (1, 2, 3)  # one launch per P: the fast group runs each worker on its whole world only

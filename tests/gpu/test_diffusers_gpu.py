@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
-
 import diffusers_patch
+import pytest
 from _gpu import needs_gpu
 
 NPROCS = (1, 2, 3)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import os
 import re
 
+import a2a_correctness
 import pytest
 import torch
-
-import a2a_correctness
 from _gpu import needs_gpu
 
 NPROCS = (1, 2, 3, 4, 5, 8)

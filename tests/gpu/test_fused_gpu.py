@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import fused_correctness
+import pytest
 from _gpu import needs_gpu
 
 NPROCS = (1, 2, 3, 8)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 import graph_correctness
+import pytest
 from _gpu import needs_gpu
 
 NPROCS = (1, 2, 3, 4, 5, 8)

@@ -5,13 +5,12 @@ in process."""
 
 from __future__ import annotations
 
+import attention
 import pytest
 import torch
 
 import fast_ulysses as fu
 from fast_ulysses.attention import group_for
-
-import attention
 
 WORLD = 3
 

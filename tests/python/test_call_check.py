@@ -7,9 +7,8 @@ refuses a bad out on every rank. What each check does: tests/workers/call_check.
 
 from __future__ import annotations
 
-import pytest
-
 import call_check as _worker
+import pytest
 
 WORLD = 3
 PER_P = [(name, P) for P in (2, 3)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import debug_mode as worker
+import pytest
 
 WORKER = Path(worker.__file__)
 CHECKS = ["debug_head_splits", "debug_mode", "debug_invalid", "debug_agreed", "dropped_results"]

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
-
 import deepspeed_adapter as worker
+import pytest
 
 WORLD = 3
 

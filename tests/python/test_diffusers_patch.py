@@ -16,10 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import diffusers_patch
 import pytest
 import torch
-
-import diffusers_patch
 
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import diffusers as fd

@@ -16,7 +16,6 @@ import fast_ulysses as fu
 from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference
 
 
-
 def independent(x, w, eps, cos, sin, norm, style, layout):
     """The issue's formulas written another way, in float64."""
     x = x.double() if layout == "bshd" else x.double().transpose(0, 1)

@@ -10,13 +10,12 @@ import importlib.util
 import sys
 import types
 
+import integrations as worker
 import pytest
 import torch
+import upstream_frameworks
 
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
-
-import integrations as worker
-import upstream_frameworks
 
 WORLD = 3
 

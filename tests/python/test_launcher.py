@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from multirank import REPORT_ENV, Report, worker_path
 
 WORKER = "launcher_probe"

@@ -11,7 +11,6 @@ import fast_ulysses as fu
 from fast_ulysses._ops import _C
 from fast_ulysses.plan import LAYOUTS, input_shape, limits
 
-
 # (sequence dim, head dim) of each layout, written here from docs/API.md (not from the plan).
 DIMS = {"bshd": (1, 2), "sbhd": (0, 2), "bhsd": (2, 1)}
 

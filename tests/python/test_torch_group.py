@@ -18,7 +18,6 @@ from fast_ulysses.plan import limits
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec, check_input, window_bytes_by_tag
 
-
 WORLD = 8
 
 

@@ -39,7 +39,7 @@ def _assert_usage_error(result, *expected: str) -> None:
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[0].startswith("usage: ") and all(l.startswith(" ") for l in lines[1:-1]), \
+    assert lines[0].startswith("usage: ") and all(line.startswith(" ") for line in lines[1:-1]), \
         result.stderr
     assert lines[-1].startswith("wan_block.py: error: "), result.stderr
     for text in expected:

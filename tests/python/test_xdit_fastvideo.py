@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 import upstream_nodeps
 import xdit_fastvideo as worker
 

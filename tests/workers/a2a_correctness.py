@@ -17,14 +17,13 @@ import argparse
 import contextlib
 import os
 import re
-import tempfile
 import sys
+import tempfile
 import time
 
+import a2a_checks
 import torch
 import torch.distributed as dist
-
-import a2a_checks
 from multirank import Report
 
 import fast_ulysses as fu

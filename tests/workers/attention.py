@@ -33,11 +33,10 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from multirank import run_on_subgroups, subgroup_sizes
 
 import fast_ulysses as fu
 from fast_ulysses.attention import group_for
-
-from multirank import run_on_subgroups, subgroup_sizes
 
 D = 8
 

@@ -19,10 +19,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from multirank import run_on_subgroups, subgroup_sizes
 
 import fast_ulysses as fu
-
-from multirank import run_on_subgroups, subgroup_sizes
 
 CANDIDATE_LAYOUTS = ("bshd", "sbhd", "bhsd")
 D = 8

@@ -47,12 +47,11 @@ import sys
 
 import torch
 import torch.distributed as dist
+from multirank import run_on_subgroups
 
 import fast_ulysses as fu
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.plan import input_shape
-
-from multirank import run_on_subgroups
 
 MISMATCH_CHECKS = ["forgotten_seq_splits", "head_splits_one_rank", "mode_differs", "tag_differs",
                    "layout_differs", "invalid_one_rank", "other_fields", "every_rank_invalid"]

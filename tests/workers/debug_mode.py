@@ -20,10 +20,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from multirank import Report
 
 import fast_ulysses as fu
-
-from multirank import Report
 
 WORLD = 3
 

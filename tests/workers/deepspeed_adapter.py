@@ -30,16 +30,15 @@ import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+import deepspeed_uneven as uneven
+import integrations as adapters
 import torch
 import torch.distributed as dist
+from multirank import run_on_subgroups, subgroup_sizes
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import deepspeed as ours
-
-import integrations as adapters
-import deepspeed_uneven as uneven
-from multirank import run_on_subgroups, subgroup_sizes
 
 INDICES = (-1, 0, 1, 2, 3)
 CHECKS = ("deepspeed_pairs", "deepspeed_rotary", "deepspeed_errors", "deepspeed_uneven",

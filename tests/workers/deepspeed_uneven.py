@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import types
 
+import integrations as adapters
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -14,8 +15,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import deepspeed as ours
-
-import integrations as adapters
 
 
 def gqa_attention(q, k, v, layout):

@@ -48,7 +48,6 @@ import types
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-
 from multirank import Report
 
 LAYERS, HEAD_DIM = 2, 16

@@ -36,13 +36,17 @@ import time
 
 import torch
 import torch.distributed as dist
-
-import fast_ulysses as fu
-from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference, \
-    qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
-
 from multirank import Report
 from profiling import activities, init_profiler_for_graphs, kernel_names
+
+import fast_ulysses as fu
+from fast_ulysses.fused import (
+    NORMS,
+    ROPE_STYLES,
+    norm_rope_reference,
+    qk_norm_rope_all_to_all,
+    qk_norm_rope_all_to_all_qk,
+)
 
 CHECKS = ("matrix", "qk_pair", "captured", "compiled", "eager_reuse", "kernel_paths", "refusals")
 D = 64

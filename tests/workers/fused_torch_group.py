@@ -8,11 +8,10 @@ import sys
 
 import torch
 import torch.distributed as dist
+from multirank import Report
 
 import fast_ulysses as fu
 from fast_ulysses.fused import NORMS, ROPE_STYLES, norm_rope_reference
-
-from multirank import Report
 
 D = 8
 

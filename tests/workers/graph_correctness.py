@@ -32,15 +32,13 @@ import sys
 import time
 import traceback
 
+import a2a_checks
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-import a2a_checks
 from a2a_checks import Case, balanced
 from multirank import Report
-from profiling import (NOT_KERNELS, activities, device_activity,
-                       init_profiler_for_graphs)
+from profiling import NOT_KERNELS, activities, device_activity, init_profiler_for_graphs
 
 import fast_ulysses as fu
 
@@ -693,7 +691,7 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
     kernels. Kernel names and counts printed by rank 0."""
     from collections import Counter
 
-    P, rank, device = ctx.P, ctx.rank, ctx.device
+    P, rank = ctx.P, ctx.rank
     case = pick(P, "bshd", torch.bfloat16)
     eager = Call(case, 0, "eager", "borrowed")
     graph_calls = [Call(case, 0, t, "deferred") for t in ("q", "k", "v")]

@@ -21,13 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dnn
 import torch.nn.functional as F
+from multirank import run_on_subgroups, subgroup_sizes
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
-
-from multirank import run_on_subgroups, subgroup_sizes
-
 
 # -- the reference: upstream semantics, written from their documentation ----------------------
 

@@ -16,14 +16,13 @@ import sys
 
 import torch
 import torch.distributed as dist
+from multirank import run_on_subgroups
 
 import fast_ulysses
 from fast_ulysses.factory import make_group
 from fast_ulysses.plan import input_shape as plan_input_shape
 from fast_ulysses.torch_group import TorchUlyssesGroup
 from fast_ulysses.validation import CallSpec
-
-from multirank import run_on_subgroups
 
 # (dtype, b, d) triples: every dtype and both batch sizes, without their full product (2 cores),
 # and fp32 with d = 1 (4-byte rows: the softmax LSE that hybrid Ulysses + Ring exchanges).
@@ -109,7 +108,7 @@ def check_errors(group: TorchUlyssesGroup, P: int) -> None:
                 call(x, mode, "t", **kw)
             except ValueError as error:
                 if str(error) != want:
-                    raise AssertionError(f"{call.__name__}: {error!s} != plan's {want}")
+                    raise AssertionError(f"{call.__name__}: {error!s} != plan's {want}") from None
             else:
                 raise AssertionError(f"{call.__name__} accepted {mode} {shape} {kw}")
 

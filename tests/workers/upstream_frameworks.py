@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+import integrations as adapters
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from multirank import run_on_subgroups, subgroup_sizes
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed as ours_deepspeed
 from fast_ulysses.integrations import diffusers as ours_diffusers
 from fast_ulysses.integrations import yunchang as ours
-
-import integrations as adapters
-from multirank import run_on_subgroups, subgroup_sizes
 
 # yunchang's own callables, kept (by main, before any patch_yunchang() rebinds the module's
 # names). The frameworks are imported there and in the checks, so that the test can name the

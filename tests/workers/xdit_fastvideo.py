@@ -29,16 +29,15 @@ import argparse
 import sys
 import types
 
+import integrations as adapters
 import torch
 import torch.distributed as dist
+import upstream_nodeps as upstream
+from multirank import run_on_subgroups, subgroup_sizes
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import fastvideo as ours_fastvideo
 from fast_ulysses.integrations import xfuser as ours_xfuser
-
-import integrations as adapters
-import upstream_nodeps as upstream
-from multirank import run_on_subgroups, subgroup_sizes
 
 USP = "xfuser.model_executor.layers.usp"
 NAMES = ("_ft_c_input_all_to_all", "_ft_c_output_all_to_all", "_combined_qkv_all_to_all",

@@ -22,8 +22,8 @@ from ..cli._args import integer, integers
 from ..cli._help import HelpFormatter
 from ..head_groups import head_groups
 from ..plan import DTYPE_NAMES
-from ..topology import MAX_RANKS
 from ..presets import PRESETS, even_splits
+from ..topology import MAX_RANKS
 
 # The payloads the benchmark's presets are measured in: a subset of fast_ulysses.plan's names.
 DTYPES = {name: DTYPE_NAMES[name] for name in ("bf16", "fp16")}
@@ -162,6 +162,7 @@ def _driver() -> str:
 def worker(args) -> dict | None:
     """Runs every case on this rank; rank 0 returns the results dict (slowest rank)."""
     import fast_ulysses as fu
+
     from .report import slowest
     from .stages import run_case
 

@@ -116,7 +116,7 @@ def main() -> None:
         from cuda.bindings import runtime as rt
     except ImportError as error:
         raise SystemExit("micro_copy needs cuda-bindings (pip install 'fast-ulysses[micro]'): "
-                         f"{error}")
+                         f"{error}") from None
     if not torch.cuda.is_available():
         raise SystemExit("micro_copy needs a CUDA GPU: none is visible; nothing measured")
     src = torch.randint(0, 255, (TOTAL,), dtype=torch.uint8, device="cuda")

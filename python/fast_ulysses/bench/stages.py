@@ -17,8 +17,7 @@ import torch.distributed as dist
 
 from .. import plan as make_plan
 from ..plan import input_shape
-from .timing import (capture, chain_length, host_us, median_ms, on_side, overlap,
-                     smaller_gemm)
+from .timing import capture, chain_length, host_us, median_ms, on_side, overlap, smaller_gemm
 
 
 @dataclass

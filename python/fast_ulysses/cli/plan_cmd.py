@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import plan as make_plan
-from ..presets import PRESETS, preset_call
 from ..plan import DTYPE_NAMES, LAYOUTS, CopyDescriptor
+from ..presets import PRESETS, preset_call
 from ..topology import MAX_RANKS
 from ._args import integer, integers
 from ._help import HelpFormatter

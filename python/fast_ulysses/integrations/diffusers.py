@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from ._common import exchange
 from ..attention import group_for
 from ..errors import FastUlyssesError
 from ..presets import even_splits
+from ._common import exchange
 
 _MODULE = "diffusers.models.attention_dispatch"
 # Each name the patch rebinds, and the function of diffusers' module that must look it up (a

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from ._common import exchange, mode_for
 from ..errors import FastUlyssesError
+from ._common import exchange, mode_for
 
 # The modules imported before patching, so their bound names exist to be rebound.
 _KNOWN_MODULES = ("yunchang.comm.all_to_all", "yunchang.comm", "yunchang.ulysses.attn_layer",
