@@ -87,10 +87,12 @@ def count_calls(group) -> list[int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--latent", type=int, nargs=3, default=(3, 4, 4),
-                        metavar=("FRAMES", "HEIGHT", "WIDTH"))
-    parser.add_argument("--anything", action="store_true",
-                        help="diffusers' ulysses_anything=True (any token count)")
+    parser.add_argument(
+        "--latent", type=int, nargs=3, default=(3, 4, 4), metavar=("FRAMES", "HEIGHT", "WIDTH")
+    )
+    parser.add_argument(
+        "--anything", action="store_true", help="diffusers' ulysses_anything=True (any token count)"
+    )
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
     if use_gpu:
@@ -101,13 +103,20 @@ def main() -> int:
     from diffusers import ContextParallelConfig, WanTransformer3DModel
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else \
-        torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
     torch.manual_seed(0)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=args.heads, attention_head_dim=16,
-        in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
-        rope_max_seq_len=64).to(device)
+        patch_size=(1, 2, 2),
+        num_attention_heads=args.heads,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+        rope_max_seq_len=64,
+    ).to(device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 4, *args.latent, generator=g).to(device)
     text = torch.randn(1, 5, 32, generator=g).to(device)
@@ -116,8 +125,9 @@ def main() -> int:
     want_out, want_grads = forward_backward(copy.deepcopy(model), x, t, text, w)
 
     patch_diffusers()  # the one line: before or after enable_parallelism
-    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world,
-                                                          ulysses_anything=args.anything))
+    model.enable_parallelism(
+        config=ContextParallelConfig(ulysses_degree=world, ulysses_anything=args.anything)
+    )
     group = group_for(model._parallel_config.context_parallel_config._ulysses_mesh.get_group())
     calls = count_calls(group)
     out, grads = forward_backward(model, x, t, text, w)
@@ -125,16 +135,19 @@ def main() -> int:
     grad_diff = 0.0
     for name, want in want_grads.items():
         dist.all_reduce(grads[name])
-        grad_diff = max(grad_diff, (grads[name] - want).abs().max().item() /
-                        max(want.abs().max().item(), 1e-30))
+        grad_diff = max(
+            grad_diff, (grads[name] - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+        )
     ok = out_diff <= 1e-4 * want_out.abs().max().item() and grad_diff <= 1e-4
     if rank == 0:
-        kind = "fast path (UlyssesGroup)" if not group.fallback else \
-            f"torch.distributed fallback (TorchUlyssesGroup): {group.fallback_reason}"
+        kind = (
+            "fast path (UlyssesGroup)"
+            if not group.fallback
+            else f"torch.distributed fallback (TorchUlyssesGroup): {group.fallback_reason}"
+        )
         tokens = args.latent[0] * (args.latent[1] // 2) * (args.latent[2] // 2)
         print(f"{world} ranks on {'GPUs' if use_gpu else 'CPU (gloo)'}, {kind}")
-        print(f"tiny Wan: {args.heads} heads, {tokens} tokens, ulysses_anything="
-              f"{args.anything}")
+        print(f"tiny Wan: {args.heads} heads, {tokens} tokens, ulysses_anything={args.anything}")
         print(f"Ulysses all-to-alls on fast-ulysses (forward and backward): {calls[0]}")
         print(f"output: largest difference from one process {out_diff:.3e}")
         print(f"gradients (summed over ranks): largest relative difference {grad_diff:.3e}")

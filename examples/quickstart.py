@@ -33,16 +33,20 @@ def splits(world_size: int) -> tuple[list[int], list[int]]:
 
 def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
     backend = "nccl" if use_gpu else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        backend, init_method=f"file://{store}", rank=rank, world_size=world_size
+    )
     device = torch.device("cuda", rank) if use_gpu else torch.device("cpu")
     if use_gpu:
         torch.cuda.set_device(device)
     group = fu.make_group(dist.group.WORLD, initial_pool_bytes=64 << 20)
     seq, heads = splits(world_size)
-    inputs = [torch.randn(BATCH, seq[r], HEADS, HEAD_DIM,
-                          generator=torch.Generator().manual_seed(r)).to(torch.bfloat16)
-              for r in range(world_size)]
+    inputs = [
+        torch.randn(BATCH, seq[r], HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(r)).to(
+            torch.bfloat16
+        )
+        for r in range(world_size)
+    ]
     x = inputs[rank].to(device)
     # Before attention: sequence-sharded -> head-sharded. After: back.
     y = group.all_to_all_single_4d(x, 0, "q", seq_splits=seq, head_splits=heads)
@@ -52,13 +56,19 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
     summary = torch.tensor([int(ok)], device=device)
     dist.all_reduce(summary, op=dist.ReduceOp.MIN)
     if rank == 0:
-        kind = "fast path (UlyssesGroup)" if not group.fallback else \
-            f"torch.distributed fallback (TorchUlyssesGroup): {group.fallback_reason}"
+        kind = (
+            "fast path (UlyssesGroup)"
+            if not group.fallback
+            else f"torch.distributed fallback (TorchUlyssesGroup): {group.fallback_reason}"
+        )
         print(f"{world_size} ranks on {'GPUs' if use_gpu else 'CPU'}, {kind}")
-        print(f"mode 0: {tuple(x.shape)} -> {tuple(y.shape)} on rank 0 (seq_splits {seq}, "
-              f"head_splits {heads}); mode 1 back to {tuple(z.shape)}")
-        print("every rank's result equals fast_ulysses.simulate bit for bit: "
-              f"{bool(summary.item())}")
+        print(
+            f"mode 0: {tuple(x.shape)} -> {tuple(y.shape)} on rank 0 (seq_splits {seq}, "
+            f"head_splits {heads}); mode 1 back to {tuple(z.shape)}"
+        )
+        print(
+            f"every rank's result equals fast_ulysses.simulate bit for bit: {bool(summary.item())}"
+        )
     group.destroy()
     dist.destroy_process_group()
     if not ok:
@@ -77,13 +87,19 @@ def main() -> int:
     use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 1
     world_size = min(torch.cuda.device_count(), 8) if use_gpu else 4
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(world_size, os.path.join(tmp, "store"), use_gpu),
-                 nprocs=world_size, join=True)
+        mp.spawn(
+            worker,
+            args=(world_size, os.path.join(tmp, "store"), use_gpu),
+            nprocs=world_size,
+            join=True,
+        )
     p = fu.plan(8, 0, 0, (1, 9450, 40, 128), torch.bfloat16)
-    print(f"Wan 2.1 720p on 8 ranks, rank 0, mode 0: {p.input_shape} -> {p.output_shape}; "
-          f"{len(p)} pitched copies of {p[1].bytes:,} bytes (width {p[1].width} B, "
-          f"src pitch {p[1].src_pitch} B); window {p.window_bytes:,} bytes "
-          "(see `fast-ulysses plan --preset wan-720p --world-size 8`)")
+    print(
+        f"Wan 2.1 720p on 8 ranks, rank 0, mode 0: {p.input_shape} -> {p.output_shape}; "
+        f"{len(p)} pitched copies of {p[1].bytes:,} bytes (width {p[1].width} B, "
+        f"src pitch {p[1].src_pitch} B); window {p.window_bytes:,} bytes "
+        "(see `fast-ulysses plan --preset wan-720p --world-size 8`)"
+    )
     return 0
 
 

@@ -74,8 +74,9 @@ class WanAttentionBlock(torch.nn.Module):
         k = rope(self.norm_k(self.k(x)).view(shape), positions)
         v = self.v(x).view(shape)
         if self.attention is None:
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2)).transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            ).transpose(1, 2)
         else:
             o = self.attention(q, k, v, seq_splits=seq_splits, head_splits=head_splits)
         return self.o(o.reshape(b, s, dim))
@@ -99,8 +100,9 @@ def all_reduce_(t: torch.Tensor, backend: str, op=dist.ReduceOp.SUM) -> None:
 
 def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
     backend = "nccl" if use_gpu and not args.shared_gpu else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        backend, init_method=f"file://{store}", rank=rank, world_size=world_size
+    )
     index = 0 if args.shared_gpu else rank
     device = torch.device("cuda", index) if use_gpu else torch.device("cpu")
     if use_gpu:
@@ -116,9 +118,13 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
     group = fu.make_group(dist.group.WORLD)
     model = copy.deepcopy(reference)
     model.attention = fu.UlyssesAttention(group)
-    data = [(torch.randn(args.batch, args.seq, dim, device=device, dtype=dtype),
-             torch.randn(args.batch, args.seq, dim, device=device, dtype=dtype))
-            for _ in range(args.steps)]
+    data = [
+        (
+            torch.randn(args.batch, args.seq, dim, device=device, dtype=dtype),
+            torch.randn(args.batch, args.seq, dim, device=device, dtype=dtype),
+        )
+        for _ in range(args.steps)
+    ]
     positions = torch.arange(args.seq, device=device)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=args.lr)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -130,20 +136,23 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
         loss_ref = F.mse_loss(out_ref.float(), target.float(), reduction="sum") / target.numel()
         loss_ref.backward()
         # This rank's shard, through Ulysses.
-        x = x_full[:, start:start + rows].clone().requires_grad_()
-        out = model(x, positions[start:start + rows], seq_splits=seq, head_splits=heads)
-        local = F.mse_loss(out.float(), target[:, start:start + rows].float(),
-                           reduction="sum") / target.numel()
+        x = x_full[:, start : start + rows].clone().requires_grad_()
+        out = model(x, positions[start : start + rows], seq_splits=seq, head_splits=heads)
+        local = (
+            F.mse_loss(out.float(), target[:, start : start + rows].float(), reduction="sum")
+            / target.numel()
+        )
         local.backward()
         for p in model.parameters():  # the data-parallel-style sum of the ranks' gradients
             all_reduce_(p.grad, backend)
         loss = local.detach().clone()
         all_reduce_(loss, backend)
         if step == 0:
-            report["forward"] = max_rel(out.detach(), out_ref.detach()[:, start:start + rows])
-            report["x.grad"] = max_rel(x.grad, x_ref.grad[:, start:start + rows])
-            report["weight grads"] = max(max_rel(p.grad, r.grad) for p, r in
-                                         zip(model.parameters(), reference.parameters()))
+            report["forward"] = max_rel(out.detach(), out_ref.detach()[:, start : start + rows])
+            report["x.grad"] = max_rel(x.grad, x_ref.grad[:, start : start + rows])
+            report["weight grads"] = max(
+                max_rel(p.grad, r.grad) for p, r in zip(model.parameters(), reference.parameters())
+            )
         ref_losses.append(loss_ref.item())
         losses.append(loss.item())
         ref_opt.step(), opt.step()
@@ -152,17 +161,27 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
     ok = torch.tensor([int(all(v <= tolerance for v in report.values()))], device=device)
     all_reduce_(ok, backend, op=dist.ReduceOp.MIN)
     if rank == 0:
-        kind = "fast path (UlyssesGroup)" if not group.fallback else \
-            f"torch.distributed fallback (TorchUlyssesGroup: {group.fallback_reason})"
-        where = ("one shared GPU (gloo), bfloat16" if args.shared_gpu else "GPUs, bfloat16") \
-            if use_gpu else "CPU (gloo), float32"
+        kind = (
+            "fast path (UlyssesGroup)"
+            if not group.fallback
+            else f"torch.distributed fallback (TorchUlyssesGroup: {group.fallback_reason})"
+        )
+        where = (
+            ("one shared GPU (gloo), bfloat16" if args.shared_gpu else "GPUs, bfloat16")
+            if use_gpu
+            else "CPU (gloo), float32"
+        )
         print(f"Wan-like attention block: {world_size} ranks on {where}, {kind}")
-        print(f"{args.heads} heads of {args.head_dim} (head_splits {heads}), sequence "
-              f"{args.seq} (seq_splits {seq}), batch {args.batch}, {args.steps} SGD steps")
+        print(
+            f"{args.heads} heads of {args.head_dim} (head_splits {heads}), sequence "
+            f"{args.seq} (seq_splits {seq}), batch {args.batch}, {args.steps} SGD steps"
+        )
         for name, value in report.items():
             print(f"  {name:13s} max relative difference to one rank: {value:.2e}")
-        print(f"  losses: P ranks {[f'{v:.6f}' for v in losses]}, one rank "
-              f"{[f'{v:.6f}' for v in ref_losses]}")
+        print(
+            f"  losses: P ranks {[f'{v:.6f}' for v in losses]}, one rank "
+            f"{[f'{v:.6f}' for v in ref_losses]}"
+        )
         print(f"every check within {tolerance:g}: {bool(ok.item())}")
     # Every rank past its last collective before any tears its process group down: a rank
     # exiting while a peer's gloo transfer is still in flight can abort that peer at exit.
@@ -185,11 +204,13 @@ def count(example: int, maximum: int | None = None):
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not an integer (e.g. {example})") from None
+                f"{text!r} is not an integer (e.g. {example})"
+            ) from None
         if value < 1 or (maximum is not None and value > maximum):
             rule = ">= 1" if maximum is None else f"in [1, {maximum}]"
             raise argparse.ArgumentTypeError(
-                f"{text!r} is out of range: it must be {rule} (e.g. {example})")
+                f"{text!r} is out of range: it must be {rule} (e.g. {example})"
+            )
         return value
 
     parse.__name__ = "count"
@@ -210,25 +231,39 @@ def finite(text: str) -> float:
 def check(args, world_size: int, use_gpu: bool) -> str:
     """What in `args` this run cannot take on `world_size` ranks ("" when nothing)."""
     if args.heads < world_size:
-        return (f"--heads is {args.heads}: it must be at least the {world_size} ranks, one head "
-                f"or more on every rank (e.g. --heads {max(world_size, 12)})")
+        return (
+            f"--heads is {args.heads}: it must be at least the {world_size} ranks, one head "
+            f"or more on every rank (e.g. --heads {max(world_size, 12)})"
+        )
     if args.seq < world_size:
-        return (f"--seq is {args.seq}: it must be at least the {world_size} ranks, one row or "
-                f"more on every rank (e.g. --seq {max(world_size, 1001)})")
+        return (
+            f"--seq is {args.seq}: it must be at least the {world_size} ranks, one row or "
+            f"more on every rank (e.g. --seq {max(world_size, 1001)})"
+        )
     if args.head_dim % 2:
-        return (f"--head-dim is {args.head_dim}: it must be even, RoPE rotates pairs of "
-                f"channels (e.g. --head-dim {args.head_dim + 1})")
+        return (
+            f"--head-dim is {args.head_dim}: it must be even, RoPE rotates pairs of "
+            f"channels (e.g. --head-dim {args.head_dim + 1})"
+        )
     dim = args.heads * args.head_dim
     element_size = 2 if use_gpu else 4  # bfloat16 on GPUs, float32 on the CPU
     limit = limits()["max_bytes"]  # fast-ulysses' limit on one tensor
-    for what, nbytes in ((f"--batch {args.batch} --seq {args.seq} --heads {args.heads} "
-                          f"--head-dim {args.head_dim}: an activation",
-                          args.batch * args.seq * dim * element_size),
-                         (f"--heads {args.heads} --head-dim {args.head_dim}: a projection "
-                          "weight", dim * dim * element_size)):
+    for what, nbytes in (
+        (
+            f"--batch {args.batch} --seq {args.seq} --heads {args.heads} "
+            f"--head-dim {args.head_dim}: an activation",
+            args.batch * args.seq * dim * element_size,
+        ),
+        (
+            f"--heads {args.heads} --head-dim {args.head_dim}: a projection weight",
+            dim * dim * element_size,
+        ),
+    ):
         if nbytes > limit:
-            return (f"{what} is {nbytes:.4g} bytes: it must be at most 2^"
-                    f"{limit.bit_length() - 1} bytes (fast_ulysses.plan.limits())")
+            return (
+                f"{what} is {nbytes:.4g} bytes: it must be at most 2^"
+                f"{limit.bit_length() - 1} bytes (fast_ulysses.plan.limits())"
+            )
     return ""
 
 
@@ -240,10 +275,17 @@ def main() -> int:
     parser.add_argument("--batch", type=count(1), default=1)
     parser.add_argument("--steps", type=count(3), default=3, help="SGD steps")
     parser.add_argument("--lr", type=finite, default=0.5)
-    parser.add_argument("--nproc", type=count(3, maximum=8), default=3,
-                        help="ranks without a GPU, or with --shared-gpu (1 to 8)")
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="--nproc ranks sharing the first GPU (a testing mode)")
+    parser.add_argument(
+        "--nproc",
+        type=count(3, maximum=8),
+        default=3,
+        help="ranks without a GPU, or with --shared-gpu (1 to 8)",
+    )
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="--nproc ranks sharing the first GPU (a testing mode)",
+    )
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
     if args.shared_gpu and not use_gpu:
@@ -251,15 +293,18 @@ def main() -> int:
     if args.shared_gpu:  # the opt-in, and multicast off as in every shared-GPU run
         os.environ["FAST_ULYSSES_ALLOW_SHARED_GPU"] = "1"
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    world_size = args.nproc if args.shared_gpu or not use_gpu else \
-        min(torch.cuda.device_count(), 8)
+    world_size = args.nproc if args.shared_gpu or not use_gpu else min(torch.cuda.device_count(), 8)
     problem = check(args, world_size, use_gpu)
     if problem:
         parser.error(problem)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            mp.spawn(worker, args=(world_size, os.path.join(tmp, "store"), use_gpu, args),
-                     nprocs=world_size, join=True)
+            mp.spawn(
+                worker,
+                args=(world_size, os.path.join(tmp, "store"), use_gpu, args),
+                nprocs=world_size,
+                join=True,
+            )
         except mp.ProcessRaisedException as error:
             print(error, file=sys.stderr)
             return 1

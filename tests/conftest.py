@@ -32,8 +32,14 @@ def launch_ranks(tmp_path_factory):
     in <tmp>/<worker>-p<nproc>*/rank<r>.log; the Launch says which check broke on which rank."""
     cache = {}
 
-    def run(worker, nproc: int, *args: str, timeout: float, shared_gpu: bool = False,
-            env: dict | None = None):
+    def run(
+        worker,
+        nproc: int,
+        *args: str,
+        timeout: float,
+        shared_gpu: bool = False,
+        env: dict | None = None,
+    ):
         script = worker_path(worker)
         key = (script, nproc, args, shared_gpu, tuple(sorted((env or {}).items())))
         if key not in cache:

@@ -55,16 +55,20 @@ WatchdogSettings watchdog_settings() {
   }
   if (const char* text = value_of("FAST_ULYSSES_WATCHDOG_ACTION")) {
     const std::string action(text);
-    TORCH_CHECK_VALUE(action == "report" || action == "abort", "FAST_ULYSSES_WATCHDOG_ACTION=",
-                      action, ": must be 'report' or 'abort'");
+    TORCH_CHECK_VALUE(action == "report" || action == "abort",
+                      "FAST_ULYSSES_WATCHDOG_ACTION=", action, ": must be 'report' or 'abort'");
     settings.action = action == "report" ? WatchdogAction::kReport : WatchdogAction::kAbort;
   }
   return settings;
 }
 
-bool eager_graphs_enabled() { return switch_value("FAST_ULYSSES_EAGER_GRAPHS"); }
+bool eager_graphs_enabled() {
+  return switch_value("FAST_ULYSSES_EAGER_GRAPHS");
+}
 
-bool host_profile_enabled() { return switch_value("FAST_ULYSSES_HOST_PROFILE"); }
+bool host_profile_enabled() {
+  return switch_value("FAST_ULYSSES_HOST_PROFILE");
+}
 
 void check_env() {
   for (const Switch& entry : switches()) switch_value(entry.name);

@@ -24,7 +24,7 @@ bool switch_value(const std::string& name);
 enum class WatchdogAction { kReport, kAbort };
 
 struct WatchdogSettings {
-  double timeout_s = 300.0;                       // FAST_ULYSSES_WATCHDOG_S; 0 disables
+  double timeout_s = 300.0;                        // FAST_ULYSSES_WATCHDOG_S; 0 disables
   WatchdogAction action = WatchdogAction::kAbort;  // FAST_ULYSSES_WATCHDOG_ACTION=report|abort
 };
 

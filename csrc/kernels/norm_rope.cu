@@ -54,8 +54,8 @@ __global__ void norm_rope_kernel(NormRopeArgs a) {
     const int64_t i = p % half;
     const int64_t e0 = a.half_style ? i : 2 * i;
     const int64_t e1 = a.half_style ? i + half : 2 * i + 1;
-    const float rstd = a.per_head ? rsqrtf(head_sum[h] / static_cast<float>(d) + a.eps)
-                                  : token_rstd;
+    const float rstd =
+        a.per_head ? rsqrtf(head_sum[h] / static_cast<float>(d) + a.eps) : token_rstd;
     const int64_t w0 = a.per_head ? e0 : h * d + e0;
     const int64_t w1 = a.per_head ? e1 : h * d + e1;
     const float y0 = load(in + h * d + e0) * rstd * a.weight[w0];
@@ -135,8 +135,7 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
 
     float unit_sum[kUnits];
 #pragma unroll
-    for (int k = 0; k < kUnits; ++k)
-      unit_sum[k] = u.valid[k] ? unit_squares<T>(ga[k], gb[k]) : 0.f;
+    for (int k = 0; k < kUnits; ++k) unit_sum[k] = u.valid[k] ? unit_squares<T>(ga[k], gb[k]) : 0.f;
     float rstd[kUnits];
     unit_rstd<kUnits>(a, unit_sum, u.head, u.valid, per_head_units, units, shared, buffer, rstd);
 
@@ -148,8 +147,8 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
       float wab[2 * V];
       unit_weights<V>(w, u.off_a[k], u.off_b[k], wab);
       if constexpr (kPrefetch) {
-        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], wab, u.off_a[k], u.off_b[k], c[k],
-                                  t[k], u.out_base[k] + out_row * u.out_pitch[k]);
+        normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], wab, u.off_a[k], u.off_b[k], c[k], t[k],
+                                  u.out_base[k] + out_row * u.out_pitch[k]);
       } else {
         float ck[V], tk[V];
         unit_angles<V, true>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
@@ -169,7 +168,9 @@ __global__ void __launch_bounds__(256 * kUnits) norm_rope_vector_kernel(NormRope
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // The vector path's preconditions: whole units per head, 16-byte aligned rows everywhere, and
 // at most 1024 threads of 4 units per token (256 threads per unit a thread holds). Otherwise
@@ -177,8 +178,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
   const int64_t V = 16 / element_bytes;
   if (a.head_dim % (2 * V) != 0) return 0;
-  if (!aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.cos) || !aligned16(a.sin))
-    return 0;
+  if (!aligned16(a.x) || !aligned16(a.weight) || !aligned16(a.cos) || !aligned16(a.sin)) return 0;
   for (int j = 0; j < a.peers; ++j)
     if (!aligned16(a.dst[j])) return 0;
   const int64_t units = a.heads * (a.head_dim / (2 * V));
@@ -194,7 +194,9 @@ int vector_units_per_thread(const NormRopeArgs& a, int element_bytes) {
 // blocks: every SM of an H200 still holds several), four below; on the H200, Wan 720p at P = 1
 // ran 3% faster with eight than with four (docs/BENCHMARK.md).
 constexpr int64_t kLongSequence = 8192;
-int64_t tokens_per_block(int64_t tokens) { return tokens >= kLongSequence ? 8 : 4; }
+int64_t tokens_per_block(int64_t tokens) {
+  return tokens >= kLongSequence ? 8 : 4;
+}
 
 template <typename T>
 cudaError_t launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStream_t stream) {
@@ -207,8 +209,8 @@ cudaError_t launch_vector(const NormRopeArgs& a, int units_per_thread, cudaStrea
   if (launch_norm_rope_bulk(a, units_per_thread, threads, stream, &error)) return error;
   const int64_t per_block_tokens = tokens_per_block(tokens);
   const int64_t blocks = (tokens + per_block_tokens - 1) / per_block_tokens;
-  const size_t shared = static_cast<size_t>(vector_shared_floats(static_cast<int>(units))) *
-                        sizeof(float);
+  const size_t shared =
+      static_cast<size_t>(vector_shared_floats(static_cast<int>(units))) * sizeof(float);
   switch (units_per_thread) {
     case 1:
       norm_rope_vector_kernel<T, 1><<<blocks, threads, shared, stream>>>(a);

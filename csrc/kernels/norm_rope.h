@@ -31,8 +31,8 @@ struct NormRopeArgs {
   bool sbhd = false;
   int64_t batch = 1;
   int64_t s_local = 0;
-  int64_t heads = 0;     // N
-  int64_t head_dim = 0;  // d, even
+  int64_t heads = 0;       // N
+  int64_t head_dim = 0;    // d, even
   int64_t seq_total = 0;   // S
   int64_t seq_offset = 0;  // this rank's first row in S
   int peers = 1;

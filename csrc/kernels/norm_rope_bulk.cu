@@ -38,8 +38,7 @@ __device__ __forceinline__ void barrier_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)));
 }
 __device__ __forceinline__ void barrier_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   shared_address(bar)),
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)),
                "r"(bytes)
                : "memory");
 }
@@ -57,8 +56,9 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
                                           uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-      ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar))
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
       : "memory");
 }
 #endif
@@ -146,8 +146,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
       unit_sum[k] = unit_squares<T>(ga[k], gb[k]);
     }
     float rstd[kUnits];
-    unit_rstd<kUnits>(a, unit_sum, u.head, u.valid, per_head_units, units, shared, turn & 1,
-                      rstd);
+    unit_rstd<kUnits>(a, unit_sum, u.head, u.valid, per_head_units, units, shared, turn & 1, rstd);
 
     const int64_t out_row = output_row(a, token);
 #pragma unroll
@@ -155,8 +154,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) norm_rope_bulk_kernel
       if (!u.valid[k]) continue;
       float ck[V], tk[V];
       unit_angles<V, false>(cos_row, sin_row, u.index[k], d, a.half_style, ck, tk);
-      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], held[k], u.off_a[k], u.off_b[k], ck,
-                                tk, u.out_base[k] + out_row * u.out_pitch[k]);
+      normalise_rotate_store<T>(a, ga[k], gb[k], rstd[k], held[k], u.off_a[k], u.off_b[k], ck, tk,
+                                u.out_base[k] + out_row * u.out_pitch[k]);
     }
     // Every thread has read this stage: refill it with the token kStages turns ahead.
     __syncthreads();
@@ -195,9 +194,8 @@ Occupancy occupancy(const void* kernel, int threads, size_t shared, cudaError_t*
                                        device)) != cudaSuccess)
     return {};
   o.ptx_version = attributes.ptxVersion;
-  if (o.ptx_version >= 90 &&
-      (*error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks_per_sm, kernel, threads,
-                                                              shared)) != cudaSuccess)
+  if (o.ptx_version >= 90 && (*error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                  &o.blocks_per_sm, kernel, threads, shared)) != cudaSuccess)
     return {};
   return cache[key] = o;
 }

@@ -14,12 +14,24 @@
 
 namespace fast_ulysses::kernels::device {
 
-__device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ float load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+__device__ __forceinline__ float load(const __half* p) {
+  return __half2float(*p);
+}
+__device__ __forceinline__ float load(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void store(__half* p, float v) {
+  *p = __float2half_rn(v);
+}
+__device__ __forceinline__ void store(float* p, float v) {
+  *p = v;
+}
 
 // The rank that owns head h after the mode-0 all-to-all.
 __device__ __forceinline__ int owner_of(const NormRopeArgs& a, int64_t h) {
@@ -127,8 +139,7 @@ struct Unit {
 // group of at most 32 lanes (they always are aligned: units are numbered q = thread + k *
 // blockDim with blockDim a multiple of 32); otherwise through shared memory.
 __host__ __device__ constexpr bool shuffle_sums(int per_head_units) {
-  return per_head_units > 0 && per_head_units <= 32 &&
-         (per_head_units & (per_head_units - 1)) == 0;
+  return per_head_units > 0 && per_head_units <= 32 && (per_head_units & (per_head_units - 1)) == 0;
 }
 
 // Shared memory of the vector kernel, in floats: two buffers of 32 per-warp partials (all_heads)

@@ -11,7 +11,9 @@ constexpr int kWarps = kThreads / 32;
 // Rows in flight per warp: its loads are all issued before its stores.
 constexpr int kRowsPerWarp = 4;
 
-struct alignas(16) Bytes16 { uint4 v; };
+struct alignas(16) Bytes16 {
+  uint4 v;
+};
 
 // Row r's slice and row within it; 32-bit division where the rows fit (they do for any real
 // tensor: rows are b * tokens).
@@ -30,9 +32,9 @@ __device__ __forceinline__ void split_row(int64_t row, int64_t height, int64_t& 
 // and address). A warp copies kRowsPerWarp rows at a time, its lanes striding along each row.
 template <typename E>
 __global__ void __launch_bounds__(kThreads)
-pitched_copy_kernel(const E* __restrict__ src, E* __restrict__ dst, int64_t width,
-                    int64_t height, int64_t rows, int64_t src_pitch, int64_t dst_pitch,
-                    int64_t src_slice, int64_t dst_slice) {
+    pitched_copy_kernel(const E* __restrict__ src, E* __restrict__ dst, int64_t width,
+                        int64_t height, int64_t rows, int64_t src_pitch, int64_t dst_pitch,
+                        int64_t src_slice, int64_t dst_slice) {
   const int lane = threadIdx.x % 32;
   const int64_t first_warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;

@@ -2,9 +2,9 @@
 // schemas.cpp. The groups live in a registry keyed by the c10d group name, which is how the ops
 // (and torch.compile graphs) refer to them.
 #include <ATen/ATen.h>
+#include <torch/library.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/library.h>
 
 #include <memory>
 #include <mutex>
@@ -30,8 +30,8 @@ std::unordered_map<std::string, std::shared_ptr<UlyssesGroup>>& registry() {
 std::shared_ptr<UlyssesGroup> find_group(const std::string& group_name) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   auto found = registry().find(group_name);
-  TORCH_CHECK_VALUE(found != registry().end(), "no UlyssesGroup for process group '",
-                    group_name, "': it was never created or has been destroyed");
+  TORCH_CHECK_VALUE(found != registry().end(), "no UlyssesGroup for process group '", group_name,
+                    "': it was never created or has been destroyed");
   return found->second;
 }
 
@@ -69,8 +69,8 @@ Prepared prepare(const at::Tensor& x, int64_t mode, const std::string& group_nam
   check_rank(group_name, rank, group->rank());
   group->check_device(x);
   const int64_t element_size = check();
-  const Plan& plan = group->plan(
-      plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout), [&] {
+  const Plan& plan =
+      group->plan(plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout), [&] {
         return plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
                         seq_splits, head_splits, layout);
       });
@@ -90,8 +90,7 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
 
 // The kernels (their arguments: call_args.h).
 at::Tensor all_to_all_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM)) {
-  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true,
-             rank);
+  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true, rank);
 }
 
 at::Tensor& all_to_all_out_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM), at::Tensor& out) {
@@ -100,8 +99,8 @@ at::Tensor& all_to_all_out_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM), at:
 }
 
 at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x FU_BORROWED_ARGS(FU_PARAM)) {
-  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kBorrowed,
-             barrier, rank);
+  return run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kBorrowed, barrier,
+             rank);
 }
 
 // The fused QK RMSNorm + RoPE scatter: the mode-0 call's plan and windows, one kernel in place
@@ -147,7 +146,9 @@ void reserve(std::string group_name, std::vector<std::string> tags,
   find_group(group_name)->reserve(tags, window_bytes);
 }
 
-void barrier(std::string group_name) { find_group(group_name)->barrier(); }
+void barrier(std::string group_name) {
+  find_group(group_name)->barrier();
+}
 
 void destroy_group(std::string group_name) {
   auto group = find_group(group_name);

@@ -277,15 +277,15 @@ PyObject* set_defer(PyObject* /*module*/, PyObject* flag) {
 PyMethodDef methods[] = {
     {"owned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned)), METH_FASTCALL,
      "owned(x" FU_OWNED_ARGS(FU_LISTED) "): the op all_to_all_single_4d below autograd, or "
-     "NotImplemented (call torch.ops instead)"},
+                                        "NotImplemented (call torch.ops instead)"},
     {"borrowed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&borrowed)),
      METH_FASTCALL,
      "borrowed(x" FU_BORROWED_ARGS(FU_LISTED) "): the op all_to_all_single_4d_borrowed below "
-     "autograd, or NotImplemented"},
+                                              "autograd, or NotImplemented"},
     {"owned_out", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned_out)),
      METH_FASTCALL,
      "owned_out(x" FU_OWNED_ARGS(FU_LISTED) ", out): the op all_to_all_single_4d_out below "
-     "autograd, or NotImplemented"},
+                                            "autograd, or NotImplemented"},
     {"set_defer", &set_defer, METH_O,
      "set_defer(flag): whether this thread's next calls through torch.ops leave the caller's "
      "wait to their result (an AsyncCollectiveTensor); returns whether the last call did"},
@@ -293,6 +293,8 @@ PyMethodDef methods[] = {
 
 }  // namespace
 
-PyMethodDef* fast_entry_methods() { return methods; }
+PyMethodDef* fast_entry_methods() {
+  return methods;
+}
 
 }  // namespace fast_ulysses::ops

@@ -49,8 +49,8 @@ class Arguments {
 
   std::string string(Py_ssize_t i, const char* name) const {
     Py_ssize_t size = 0;
-    const char* text = PyUnicode_Check(args_[i]) ? PyUnicode_AsUTF8AndSize(args_[i], &size)
-                                                 : nullptr;
+    const char* text =
+        PyUnicode_Check(args_[i]) ? PyUnicode_AsUTF8AndSize(args_[i], &size) : nullptr;
     if (text == nullptr) {
       PyErr_Clear();
       refuse(i, name, "a str");
@@ -79,8 +79,8 @@ class Arguments {
 
  private:
   [[noreturn]] void refuse(Py_ssize_t i, const char* name, const char* rule) const {
-    throw torch::TypeError(std::string(function_) + "(): " + name + " must be " + rule +
-                           ", not " + Py_TYPE(args_[i])->tp_name);
+    throw torch::TypeError(std::string(function_) + "(): " + name + " must be " + rule + ", not " +
+                           Py_TYPE(args_[i])->tp_name);
   }
 
   const char* function_;
@@ -142,8 +142,8 @@ PyObject* check_group(PyObject*, PyObject* const* args, Py_ssize_t count) {
 PyObject* check_tag_use(PyObject*, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   Arguments a("check_tag_use", args, count, 4);
-  ops::check_tag_use_op(a.string(0, "tag"), a.integer(1, "tags_so_far"),
-                        a.boolean(2, "known"), a.boolean(3, "deferred"));
+  ops::check_tag_use_op(a.string(0, "tag"), a.integer(1, "tags_so_far"), a.boolean(2, "known"),
+                        a.boolean(3, "deferred"));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -162,10 +162,10 @@ PyObject* window_for_call(PyObject*, PyObject* const* args, Py_ssize_t count) {
 PyObject* shapes(PyObject*, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   Arguments a("shapes", args, count, 8);
-  auto [input, output] = ops::shapes_op(
-      a.integer(0, "world_size"), a.integer(1, "rank"), a.integer(2, "mode"),
-      a.integer(3, "batch"), a.integer(4, "head_dim"), a.integers(5, "seq_splits"),
-      a.integers(6, "head_splits"), a.string(7, "layout"));
+  auto [input, output] =
+      ops::shapes_op(a.integer(0, "world_size"), a.integer(1, "rank"), a.integer(2, "mode"),
+                     a.integer(3, "batch"), a.integer(4, "head_dim"), a.integers(5, "seq_splits"),
+                     a.integers(6, "head_splits"), a.string(7, "layout"));
   PyObject* pair = PyTuple_New(2);
   if (pair == nullptr) return nullptr;
   for (const auto& [k, shape] : {std::pair{0, &input}, std::pair{1, &output}}) {

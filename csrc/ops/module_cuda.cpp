@@ -5,7 +5,15 @@
 
 #include "ops/fast_entry.h"
 
-static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cuda", "fast-ulysses CUDA transport", -1,
-                             fast_ulysses::ops::fast_entry_methods(), nullptr, nullptr, nullptr,
+static PyModuleDef module = {PyModuleDef_HEAD_INIT,
+                             "_cuda",
+                             "fast-ulysses CUDA transport",
+                             -1,
+                             fast_ulysses::ops::fast_entry_methods(),
+                             nullptr,
+                             nullptr,
+                             nullptr,
                              nullptr};
-PyMODINIT_FUNC PyInit__cuda(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cuda(void) {
+  return PyModule_Create(&module);
+}

@@ -51,8 +51,7 @@ void check_choice(const char* argument, const std::string& value,
     if (value == choice.name) return;
   std::ostringstream rule;
   for (size_t i = 0; i < choices.size(); ++i)
-    rule << (i == 0 ? "" : " or ") << "'" << choices[i].name << "' (" << choices[i].meaning
-         << ")";
+    rule << (i == 0 ? "" : " or ") << "'" << choices[i].name << "' (" << choices[i].meaning << ")";
   TORCH_CHECK_VALUE(false, argument, "='", value, "': must be ", rule.str());
 }
 
@@ -77,11 +76,18 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
                     "': the fused norm + RoPE scatter takes 'bshd' or 'sbhd'");
   kernels::NormRopeArgs args;
   switch (x.scalar_type()) {
-    case at::kBFloat16: args.type = kernels::ElementType::kBFloat16; break;
-    case at::kHalf: args.type = kernels::ElementType::kFloat16; break;
-    case at::kFloat: args.type = kernels::ElementType::kFloat32; break;
+    case at::kBFloat16:
+      args.type = kernels::ElementType::kBFloat16;
+      break;
+    case at::kHalf:
+      args.type = kernels::ElementType::kFloat16;
+      break;
+    case at::kFloat:
+      args.type = kernels::ElementType::kFloat32;
+      break;
     default:
-      TORCH_CHECK_VALUE(false, "x has dtype ", x.scalar_type(), ": the fused norm + RoPE "
+      TORCH_CHECK_VALUE(false, "x has dtype ", x.scalar_type(),
+                        ": the fused norm + RoPE "
                         "scatter takes bfloat16, float16 or float32");
   }
   check_choice("norm", norm, kNorms);
@@ -101,12 +107,12 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
   TORCH_CHECK_VALUE(norm_weight.scalar_type() == at::kFloat && norm_weight.dim() == 1 &&
                         norm_weight.numel() == weights && norm_weight.is_contiguous(),
                     "norm_weight has shape ", dims(norm_weight.sizes()), " and dtype ",
-                    norm_weight.scalar_type(), ": norm='", norm, "' needs a contiguous float32 "
-                    "tensor of shape [", weights, "] (",
-                    args.per_head ? "head_dim" : "heads * head_dim", ")");
-  TORCH_CHECK_VALUE(norm_weight.device() == x.device(), "norm_weight is on ",
-                    norm_weight.device(), " but x is on ", x.device(),
-                    ": they must be on one device");
+                    norm_weight.scalar_type(), ": norm='", norm,
+                    "' needs a contiguous float32 "
+                    "tensor of shape [",
+                    weights, "] (", args.per_head ? "head_dim" : "heads * head_dim", ")");
+  TORCH_CHECK_VALUE(norm_weight.device() == x.device(), "norm_weight is on ", norm_weight.device(),
+                    " but x is on ", x.device(), ": they must be on one device");
   check_table("cos", cos, x, args.s_local, args.head_dim / 2);
   check_table("sin", sin, x, args.s_local, args.head_dim / 2);
   return args;

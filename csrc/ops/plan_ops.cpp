@@ -23,16 +23,18 @@ std::optional<std::vector<int64_t>> to_vector(const std::optional<at::IntArrayRe
 // The columns of a descriptor row (the plan op's output, host_copy's input), in order: the one
 // definition of that order. Column 0 is the peer; the others are CopyDescriptor's byte fields.
 constexpr std::array<int64_t CopyDescriptor::*, kDescriptorFields - 1> kByteFields = {
-    &CopyDescriptor::src_offset, &CopyDescriptor::dst_offset,      &CopyDescriptor::width,
-    &CopyDescriptor::height,     &CopyDescriptor::depth,           &CopyDescriptor::src_pitch,
-    &CopyDescriptor::dst_pitch,  &CopyDescriptor::src_slice_pitch, &CopyDescriptor::dst_slice_pitch};
+    &CopyDescriptor::src_offset,     &CopyDescriptor::dst_offset,
+    &CopyDescriptor::width,          &CopyDescriptor::height,
+    &CopyDescriptor::depth,          &CopyDescriptor::src_pitch,
+    &CopyDescriptor::dst_pitch,      &CopyDescriptor::src_slice_pitch,
+    &CopyDescriptor::dst_slice_pitch};
 const std::array<std::string, kDescriptorFields> kFieldNames = {
     "peer",  "src_offset", "dst_offset", "width",           "height",
     "depth", "src_pitch",  "dst_pitch",  "src_slice_pitch", "dst_slice_pitch"};
 
 CopyDescriptor descriptor_from(at::IntArrayRef row) {
-  TORCH_CHECK_VALUE(static_cast<int64_t>(row.size()) == kDescriptorFields,
-                    "descriptor has ", row.size(), " fields: it needs ", kDescriptorFields);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(row.size()) == kDescriptorFields, "descriptor has ",
+                    row.size(), " fields: it needs ", kDescriptorFields);
   CopyDescriptor c;
   c.peer = static_cast<int>(row[0]);
   for (size_t f = 0; f < kByteFields.size(); ++f) c.*kByteFields[f] = row[f + 1];
@@ -41,8 +43,8 @@ CopyDescriptor descriptor_from(at::IntArrayRef row) {
 
 at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& group_name,
                        const std::optional<at::IntArrayRef>& seq_splits,
-                       const std::optional<at::IntArrayRef>& head_splits,
-                       const std::string& layout, std::optional<int64_t> rank) {
+                       const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
+                       std::optional<int64_t> rank) {
   auto group = c10d::resolve_process_group(group_name);
   const Plan plan = plan_for(group->getSize(), collective_rank(group_name, rank), mode, x.sizes(),
                              checked_element_size(x), seq_splits, head_splits, layout);
@@ -55,11 +57,11 @@ at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& gro
 int64_t checked_element_size(const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.dim() == 4, "x has shape ", x.sizes(),
                     ": it must be 4-d (bshd, sbhd or bhsd)");
-  TORCH_CHECK_VALUE(x.is_contiguous(), "x with shape ", x.sizes(), " and strides ",
-                    x.strides(), " is not contiguous: call .contiguous() first");
+  TORCH_CHECK_VALUE(x.is_contiguous(), "x with shape ", x.sizes(), " and strides ", x.strides(),
+                    " is not contiguous: call .contiguous() first");
   const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(!at::isComplexType(dtype) && dtype != at::kBool,
-                    "x has dtype ", dtype, ": complex and bool tensors are not supported");
+  TORCH_CHECK_VALUE(!at::isComplexType(dtype) && dtype != at::kBool, "x has dtype ", dtype,
+                    ": complex and bool tensors are not supported");
   const int64_t es = static_cast<int64_t>(x.element_size());
   TORCH_CHECK_VALUE(es == 1 || es == 2 || es == 4, "x has dtype ", dtype, " of ", es,
                     " bytes: element size must be 1, 2 or 4 bytes (float16 and bfloat16 are "
@@ -131,20 +133,20 @@ Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef sh
               const std::optional<at::IntArrayRef>& head_splits, const std::string& layout) {
   return translate_plan_errors([&] {
     check_world_size_and_rank(world_size, rank);  // before narrowing to int
-    const PlanRequest request = request_from_shape(
-        static_cast<int>(world_size), static_cast<int>(rank), parse_mode(mode),
-        parse_layout(layout), shape.vec(), element_size, to_vector(seq_splits),
-        to_vector(head_splits));
+    const PlanRequest request =
+        request_from_shape(static_cast<int>(world_size), static_cast<int>(rank), parse_mode(mode),
+                           parse_layout(layout), shape.vec(), element_size, to_vector(seq_splits),
+                           to_vector(head_splits));
     return make_plan(request);
   });
 }
 
 std::tuple<at::Tensor, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t>
-plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
-        int64_t element_size, std::optional<at::IntArrayRef> seq_splits,
-        std::optional<at::IntArrayRef> head_splits, std::string layout) {
-  const Plan plan = plan_for(world_size, rank, mode, shape, element_size, seq_splits,
-                             head_splits, layout);
+plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape, int64_t element_size,
+        std::optional<at::IntArrayRef> seq_splits, std::optional<at::IntArrayRef> head_splits,
+        std::string layout) {
+  const Plan plan =
+      plan_for(world_size, rank, mode, shape, element_size, seq_splits, head_splits, layout);
   const int64_t P = static_cast<int64_t>(plan.copies.size());
   at::Tensor rows = at::empty({P, kDescriptorFields}, at::kLong);
   auto out = rows.accessor<int64_t, 2>();
@@ -153,8 +155,7 @@ plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
     out[j][0] = c.peer;
     for (size_t f = 0; f < kByteFields.size(); ++f) out[j][f + 1] = c.*kByteFields[f];
   }
-  return {rows,
-          std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
+  return {rows, std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
           plan.request.seq_splits, plan.request.head_splits, plan.window_bytes};
 }
 
@@ -191,7 +192,8 @@ at::Tensor& all_to_all_out_meta(const at::Tensor& x FU_OWNED_ARGS(FU_UNUSED_PARA
   TORCH_CHECK_VALUE(out.sizes() == expected.sizes(), "out has shape ", out.sizes(),
                     " but the call's output is ", expected.sizes(),
                     ": out must have the output's shape");
-  TORCH_CHECK_VALUE(out.is_contiguous(), "out is not contiguous: out must be a contiguous "
+  TORCH_CHECK_VALUE(out.is_contiguous(),
+                    "out is not contiguous: out must be a contiguous "
                     "tensor");
   return out;
 }
@@ -203,9 +205,8 @@ int64_t collective_rank(const std::string& group_name, std::optional<int64_t> ra
 }
 
 void check_rank(const std::string& group_name, std::optional<int64_t> rank, int64_t actual) {
-  TORCH_CHECK_VALUE(!rank || *rank == actual, "rank=", *rank, " but this process is rank ",
-                    actual, " of process group '", group_name,
-                    "': pass the process's own rank (or None)");
+  TORCH_CHECK_VALUE(!rank || *rank == actual, "rank=", *rank, " but this process is rank ", actual,
+                    " of process group '", group_name, "': pass the process's own rank (or None)");
 }
 
 }  // namespace fast_ulysses::ops

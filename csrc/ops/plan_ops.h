@@ -25,9 +25,9 @@ constexpr int64_t kDescriptorFields = 10;
 std::vector<std::string> descriptor_fields();
 
 std::tuple<at::Tensor, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t>
-plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
-        int64_t element_size, std::optional<at::IntArrayRef> seq_splits,
-        std::optional<at::IntArrayRef> head_splits, std::string layout);
+plan_op(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape, int64_t element_size,
+        std::optional<at::IntArrayRef> seq_splits, std::optional<at::IntArrayRef> head_splits,
+        std::string layout);
 
 void host_copy(const at::Tensor& src, const at::Tensor& dst, at::IntArrayRef descriptor);
 

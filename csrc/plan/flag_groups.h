@@ -17,8 +17,8 @@
 namespace fast_ulysses {
 
 struct FlagGroup {
-  int first = 0;      // rank index of its (first) word
-  bool wide = false;  // two words, `first` and `first` + 1, in one 64-bit operation
+  int first = 0;                  // rank index of its (first) word
+  bool wide = false;              // two words, `first` and `first` + 1, in one 64-bit operation
   bool peer[2] = {false, false};  // whether each of the words is a peer's (else idle)
 
   // The operation's value when each peer word is to hold `value` and each idle word holds

@@ -23,8 +23,9 @@ enum class Stat {
 };
 
 constexpr std::array<const char*, static_cast<size_t>(Stat::kCount)> kStatNames = {
-    "pool_bytes",  "used_bytes",   "segments",      "sealed",
-    "tags",        "deferred",     "graph_calls",   "graphs_cached",
-    "eager_only_signatures",       "wide_flags"};
+    "pool_bytes",  "used_bytes",    "segments",
+    "sealed",      "tags",          "deferred",
+    "graph_calls", "graphs_cached", "eager_only_signatures",
+    "wide_flags"};
 
 }  // namespace fast_ulysses

@@ -8,16 +8,15 @@ namespace fast_ulysses {
 void check_descriptor_bounds(const CopyDescriptor& copy, int64_t src_bytes, int64_t dst_bytes) {
   const bool negative = copy.width < 0 || copy.height < 0 || copy.depth < 0 ||
                         copy.src_offset < 0 || copy.dst_offset < 0 || copy.src_pitch < 0 ||
-                        copy.dst_pitch < 0 || copy.src_slice_pitch < 0 ||
-                        copy.dst_slice_pitch < 0;
+                        copy.dst_pitch < 0 || copy.src_slice_pitch < 0 || copy.dst_slice_pitch < 0;
   const int64_t src_end = copy.src_extent();
   const int64_t dst_end = copy.dst_extent();
   if (negative || src_end > src_bytes || dst_end > dst_bytes) {
     std::ostringstream message;
-    message << "copy descriptor for peer " << copy.peer << " (width " << copy.width
-            << ", height " << copy.height << ", depth " << copy.depth << ") reaches source byte "
-            << src_end << " of " << src_bytes << " and destination byte " << dst_end << " of "
-            << dst_bytes << ": it must stay inside both buffers";
+    message << "copy descriptor for peer " << copy.peer << " (width " << copy.width << ", height "
+            << copy.height << ", depth " << copy.depth << ") reaches source byte " << src_end
+            << " of " << src_bytes << " and destination byte " << dst_end << " of " << dst_bytes
+            << ": it must stay inside both buffers";
     throw PlanError(message.str());
   }
 }
@@ -37,8 +36,7 @@ void execute_on_host(const CopyDescriptor& descriptor, const std::byte* src, int
       continue;
     }
     for (int64_t y = 0; y < copy.height; ++y)
-      std::memcpy(d + y * copy.dst_pitch, s + y * copy.src_pitch,
-                  static_cast<size_t>(copy.width));
+      std::memcpy(d + y * copy.dst_pitch, s + y * copy.src_pitch, static_cast<size_t>(copy.width));
   }
 }
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <numeric>
-#include <utility>
 #include <sstream>
+#include <utility>
 
 namespace fast_ulysses {
 namespace {
@@ -151,8 +151,7 @@ void validate(const PlanRequest& request) {
   // Bounded before head_dim * element_size below, which would otherwise overflow int64.
   if (request.head_dim > kMaxBytes) fail("head_dim=", request.head_dim, ": must be <= 2^50");
   const int64_t es = request.element_size;
-  if (es != 1 && es != 2 && es != 4)
-    fail("element_size=", es, ": must be 1, 2 or 4 bytes");
+  if (es != 1 && es != 2 && es != 4) fail("element_size=", es, ": must be 1, 2 or 4 bytes");
   check_splits("seq_splits", request.seq_splits, P);
   check_splits("head_splits", request.head_splits, P);
   // Keep every byte offset far inside int64 (and inside what the copy APIs take as size_t).
@@ -187,8 +186,7 @@ void add_collect(Plan& plan) {
     // A unit: a sequence row of my heads (bshd, sbhd: fold rows of heads[r] heads) or a head of
     // my rows (bhsd: seq[r] rows).
     const int64_t fold = request.layout == Layout::kSBHD ? request.batch : 1;
-    const int64_t unit =
-        bhsd ? request.seq_splits[r] * row : fold * request.head_splits[r] * row;
+    const int64_t unit = bhsd ? request.seq_splits[r] * row : fold * request.head_splits[r] * row;
     base.height = 1;
     base.src_slice_pitch = base.dst_slice_pitch = own.dst_slice_pitch;
     for (const auto& [from, to] : {std::pair{int64_t{0}, begin}, std::pair{end, total}}) {
@@ -306,8 +304,7 @@ PlanRequest request_from_shape(int world_size, int rank, Mode mode, Layout layou
                                const std::optional<std::vector<int64_t>>& seq_splits,
                                const std::optional<std::vector<int64_t>>& head_splits) {
   if (input_shape.size() != 4)
-    fail("input shape ", join(input_shape), ": must have 4 dimensions (", layout_name(layout),
-         ")");
+    fail("input shape ", join(input_shape), ": must have 4 dimensions (", layout_name(layout), ")");
   for (size_t i = 0; i < 4; ++i)
     if (input_shape[i] < 0) fail("input shape ", join(input_shape), ": negative dimension");
   check_world_size_and_rank(world_size, rank);
@@ -341,8 +338,8 @@ PlanRequest request_from_shape(int world_size, int rank, Mode mode, Layout layou
     check_splits(local_name, local_splits, world_size);
     if (local_splits[rank] != local)
       fail(local_name, "[", rank, "]=", local_splits[rank], " but this rank's input ",
-           join(input_shape), " holds ", local, " ", local_what, " (mode ",
-           static_cast<int>(mode), ", ", layout_name(layout), ")");
+           join(input_shape), " holds ", local, " ", local_what, " (mode ", static_cast<int>(mode),
+           ", ", layout_name(layout), ")");
   }
   std::vector<int64_t> total_splits;
   if (total_given) {

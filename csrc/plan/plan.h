@@ -22,7 +22,7 @@ namespace fast_ulysses {
 
 // The product's limits, defined here once; the transport and Python read them from here
 // (Python through the `limits` op).
-constexpr int kMaxWorldSize = 8;          // ranks of one group: one node
+constexpr int kMaxWorldSize = 8;                 // ranks of one group: one node
 constexpr int64_t kMaxBytes = int64_t{1} << 50;  // bytes of one tensor; bound of every split
 // Rows of any byte width are accepted. Rows whose bytes (d * element_size), offsets and pitches
 // are multiples of this go through the pitched copy-engine calls; others are copied by an SM
@@ -44,7 +44,7 @@ class PlanError : public std::invalid_argument {
 
 Layout parse_layout(const std::string& name);  // "bshd" | "sbhd" | "bhsd", else PlanError.
 const char* layout_name(Layout layout);
-Mode parse_mode(int64_t mode);                  // 0 | 1, else PlanError.
+Mode parse_mode(int64_t mode);  // 0 | 1, else PlanError.
 
 // One 3D pitched copy, all in bytes: for z < depth, y < height, copy `width` bytes from
 // src + src_offset + z * src_slice_pitch + y * src_pitch
@@ -70,8 +70,8 @@ struct CopyDescriptor {
 
 // The same copy with dense dimensions merged: slices that abut become more rows, rows that abut
 // on both sides become one wider row, so a transport can issue a 1D or 2D copy where the data
-// allows it (on an H200 a 1D device copy ran ~3x faster than a pitched one; docs/BENCHMARK.md). Executing
-// the result moves exactly the same bytes to the same places.
+// allows it (on an H200 a 1D device copy ran ~3x faster than a pitched one; docs/BENCHMARK.md).
+// Executing the result moves exactly the same bytes to the same places.
 CopyDescriptor coalesced(CopyDescriptor copy);
 
 struct PlanRequest {
@@ -79,21 +79,21 @@ struct PlanRequest {
   int rank = 0;
   Mode mode = Mode::kSeqToHead;
   Layout layout = Layout::kBSHD;
-  int64_t batch = 1;         // b
-  int64_t head_dim = 1;      // d
-  int64_t element_size = 2;  // bytes per element: 1, 2 or 4
+  int64_t batch = 1;                 // b
+  int64_t head_dim = 1;              // d
+  int64_t element_size = 2;          // bytes per element: 1, 2 or 4
   std::vector<int64_t> seq_splits;   // length P: sequence rows each rank holds before mode 0
   std::vector<int64_t> head_splits;  // length P: heads each rank holds after mode 0
 };
 
 struct Plan {
   PlanRequest request;
-  std::array<int64_t, 4> input_shape{};   // in the request's layout
+  std::array<int64_t, 4> input_shape{};  // in the request's layout
   std::array<int64_t, 4> output_shape{};
   int64_t input_bytes = 0;
   int64_t output_bytes = 0;
-  int64_t window_bytes = 0;  // max over ranks of output bytes: what every rank reserves
-  uint64_t request_hash = 0;  // call_signature.h's hash of the request (rank-independent)
+  int64_t window_bytes = 0;            // max over ranks of output bytes: what every rank reserves
+  uint64_t request_hash = 0;           // call_signature.h's hash of the request (rank-independent)
   std::vector<CopyDescriptor> copies;  // copies[j].peer == j, j = 0..P-1
   // An owned result: this rank's own chunk goes from the input straight into the result
   // (copies[rank] with the result as its destination), and these copies bring everything else

@@ -22,26 +22,26 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t err_ = (x);                                                            \
-    if (err_ != cudaSuccess) {                                                       \
-      std::printf("CUDA %s at line %d\n", cudaGetErrorString(err_), __LINE__);       \
-      std::exit(1);                                                                 \
-    }                                                                               \
+#define CK(x)                                                                  \
+  do {                                                                         \
+    cudaError_t err_ = (x);                                                    \
+    if (err_ != cudaSuccess) {                                                 \
+      std::printf("CUDA %s at line %d\n", cudaGetErrorString(err_), __LINE__); \
+      std::exit(1);                                                            \
+    }                                                                          \
   } while (0)
-#define CU(x)                                                                       \
-  do {                                                                              \
-    CUresult r = (x);                                                               \
-    if (r != CUDA_SUCCESS) {                                                        \
-      std::printf("CU error %d at line %d\n", static_cast<int>(r), __LINE__);      \
-      std::exit(1);                                                                 \
-    }                                                                               \
+#define CU(x)                                                                 \
+  do {                                                                        \
+    CUresult r = (x);                                                         \
+    if (r != CUDA_SUCCESS) {                                                  \
+      std::printf("CU error %d at line %d\n", static_cast<int>(r), __LINE__); \
+      std::exit(1);                                                           \
+    }                                                                         \
   } while (0)
 
 namespace {
 
-constexpr int kPeers = 7;      // P = 8
+constexpr int kPeers = 7;  // P = 8
 constexpr int kRounds = 20;
 constexpr int kPerRound = 64;
 
@@ -173,8 +173,7 @@ int main(int argc, char** argv) {
     memop_batch(b, st, 0);
     pitched_copies(b, st);
     memop_batch(b, st, kPeers);
-    CK(cudaMemcpyAsync(b.dst + (1 << 19), b.src + (1 << 19), 4096, cudaMemcpyDeviceToDevice,
-                       st));
+    CK(cudaMemcpyAsync(b.dst + (1 << 19), b.src + (1 << 19), 4096, cudaMemcpyDeviceToDevice, st));
   });
 
   std::vector<Row> rows;
@@ -186,18 +185,18 @@ int main(int argc, char** argv) {
   rows.push_back(time_case("cudaMemcpyAsync 4 KB", s, [&] {
     CK(cudaMemcpyAsync(b.dst, b.src, 4096, cudaMemcpyDeviceToDevice, s));
   }));
-  rows.push_back(time_case("7 x cudaMemcpy3DAsync (pitched), call by call", s,
-                           [&] { pitched_copies(b, s); }));
+  rows.push_back(
+      time_case("7 x cudaMemcpy3DAsync (pitched), call by call", s, [&] { pitched_copies(b, s); }));
   rows.push_back(time_case("2 x cuStreamBatchMemOp (14 ops each), call by call", s, [&] {
     memop_batch(b, s, 0);
     memop_batch(b, s, kPeers);
   }));
-  rows.push_back(time_case("graph: one empty kernel", s,
-                           [&] { CK(cudaGraphLaunch(g_kernel, s)); }));
-  rows.push_back(time_case("graph: one 4 KB memcpy", s,
-                           [&] { CK(cudaGraphLaunch(g_memcpy1, s)); }));
-  rows.push_back(time_case("graph: 7 pitched copies", s,
-                           [&] { CK(cudaGraphLaunch(g_copies, s)); }));
+  rows.push_back(
+      time_case("graph: one empty kernel", s, [&] { CK(cudaGraphLaunch(g_kernel, s)); }));
+  rows.push_back(
+      time_case("graph: one 4 KB memcpy", s, [&] { CK(cudaGraphLaunch(g_memcpy1, s)); }));
+  rows.push_back(
+      time_case("graph: 7 pitched copies", s, [&] { CK(cudaGraphLaunch(g_copies, s)); }));
   rows.push_back(time_case("graph: 2 memop batches", s, [&] { CK(cudaGraphLaunch(g_memops, s)); }));
   rows.push_back(time_case("graph: a P = 8 call (memops, 7 copies, own share on a branch)", s,
                            [&] { CK(cudaGraphLaunch(g_call, s)); }));
@@ -215,14 +214,16 @@ int main(int argc, char** argv) {
     CK(cudaGraphLaunch(g_call, legacy));
     CK(cudaEventRecord(ev, legacy));
   }));
-  rows.push_back(time_case("graph: a P = 8 call on a side stream, forked from and joined to "
-                           "the legacy stream", legacy, [&] {
-    CK(cudaEventRecord(fork, legacy));
-    CK(cudaStreamWaitEvent(s, fork, 0));
-    CK(cudaGraphLaunch(g_call, s));
-    CK(cudaEventRecord(join, s));
-    CK(cudaStreamWaitEvent(legacy, join, 0));
-  }));
+  rows.push_back(
+      time_case("graph: a P = 8 call on a side stream, forked from and joined to "
+                "the legacy stream",
+                legacy, [&] {
+                  CK(cudaEventRecord(fork, legacy));
+                  CK(cudaStreamWaitEvent(s, fork, 0));
+                  CK(cudaGraphLaunch(g_call, s));
+                  CK(cudaEventRecord(join, s));
+                  CK(cudaStreamWaitEvent(legacy, join, 0));
+                }));
   rows.push_back(time_case("cuPointerGetAttribute(BUFFER_ID), twice (the cache's key)", s, [&] {
     unsigned long long id = 0;
     CU(cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID,
@@ -239,7 +240,6 @@ int main(int argc, char** argv) {
   }));
   CK(cudaDeviceSynchronize());
   if (!quiet) std::printf("%-66s %9s %9s\n", "host us per issue (GPU kept busy)", "median", "p90");
-  for (const Row& r : rows)
-    std::printf("%-66s %9.2f %9.2f\n", r.name.c_str(), r.median, r.p90);
+  for (const Row& r : rows) std::printf("%-66s %9.2f %9.2f\n", r.name.c_str(), r.median, r.p90);
   return 0;
 }

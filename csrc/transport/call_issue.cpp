@@ -245,8 +245,8 @@ void UlyssesGroup::finish_owned(const at::Tensor& out, const Plan& plan, const W
   char* dst = static_cast<char*>(out.data_ptr());
   if (whole) {
     if (plan.output_bytes > 0)
-      FU_CUDA_CHECK(cudaMemcpyAsync(dst, window.local, plan.output_bytes,
-                                    cudaMemcpyDeviceToDevice, stream));
+      FU_CUDA_CHECK(
+          cudaMemcpyAsync(dst, window.local, plan.output_bytes, cudaMemcpyDeviceToDevice, stream));
   } else {
     for (const CopyDescriptor& copy : plan.collect) issue_copy(copy, window.local, dst, stream);
   }

@@ -44,10 +44,16 @@ void CallWork::release() {
   }
 }
 
-void CallWork::synchronize() { wait(); }
+void CallWork::synchronize() {
+  wait();
+}
 
-bool CallWork::isCompleted() { return done(); }
+bool CallWork::isCompleted() {
+  return done();
+}
 
-bool CallWork::done() const { return cudaEventQuery(*done_) == cudaSuccess; }
+bool CallWork::done() const {
+  return cudaEventQuery(*done_) == cudaSuccess;
+}
 
 }  // namespace fast_ulysses::transport

@@ -30,8 +30,7 @@ bool copy_engine_aligned(const CopyDescriptor& c, const char* s, const char* d) 
 
 }  // namespace
 
-void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst,
-                cudaStream_t stream) {
+void issue_copy(const CopyDescriptor& descriptor, const char* src, char* dst, cudaStream_t stream) {
   if (descriptor.bytes() == 0) return;
   const CopyDescriptor c = coalesced(descriptor);
   const char* s = src + c.src_offset;

@@ -18,8 +18,8 @@ void issue_copy(const CopyDescriptor& copy, const char* src, char* dst, cudaStre
 
 // Several copies, each into its own destination (no two overlap), issued with one
 // cudaMemcpy3DBatchAsync where `batch` allows and the driver takes it (eager streams only: a
-// batch is not capturable), else one call per copy. Copies within a batch run in no particular order, so
-// never put two dependent copies, or a flag write, in one.
+// batch is not capturable), else one call per copy. Copies within a batch run in no particular
+// order, so never put two dependent copies, or a flag write, in one.
 struct PeerCopy {
   const CopyDescriptor* copy;
   const char* src;  // the start of the input

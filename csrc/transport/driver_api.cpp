@@ -17,8 +17,8 @@ void resolve(const char* name, Fn*& fn) {
   FU_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &address, kEntryPointVersion,
                                                  cudaEnableDefault, &found));
   TORCH_CHECK(found == cudaDriverEntryPointSuccess && address != nullptr,
-              "fast-ulysses: the CUDA driver has no entry point ", name,
-              " (version ", kEntryPointVersion, "); a driver for CUDA 12.0 or newer is needed");
+              "fast-ulysses: the CUDA driver has no entry point ", name, " (version ",
+              kEntryPointVersion, "); a driver for CUDA 12.0 or newer is needed");
   fn = reinterpret_cast<Fn*>(address);
 }
 

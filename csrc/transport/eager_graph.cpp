@@ -65,8 +65,8 @@ bool EagerGraphs::launch(const Key& signature, const std::vector<const void*>& o
     // is a new allocation (a new buffer ID), and gets a graph of its own.
     unsigned long long buffer = 0;
     const auto address = reinterpret_cast<CUdeviceptr>(operand);
-    if (DriverApi::get().pointer_get_attribute(&buffer, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                               address) != CUDA_SUCCESS)
+    if (DriverApi::get().pointer_get_attribute(&buffer, CU_POINTER_ATTRIBUTE_BUFFER_ID, address) !=
+        CUDA_SUCCESS)
       return false;  // not from a CUDA allocation API (or empty): issued call by call
     key.push_back(static_cast<int64_t>(address));
     key.push_back(static_cast<int64_t>(buffer));

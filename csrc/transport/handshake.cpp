@@ -47,8 +47,8 @@ void MemOpBatch::issue(cudaStream_t stream) {
   CUresult result = CUDA_SUCCESS;
   for (size_t first = 0; first < ops_.size() && result == CUDA_SUCCESS; first += kMaxOpsPerCall) {
     const auto count = static_cast<unsigned int>(std::min(kMaxOpsPerCall, ops_.size() - first));
-    result = api.stream_batch_mem_op(reinterpret_cast<CUstream>(stream), count,
-                                     ops_.data() + first, 0);
+    result =
+        api.stream_batch_mem_op(reinterpret_cast<CUstream>(stream), count, ops_.data() + first, 0);
   }
   ops_.clear();  // also on failure: a later call must never re-issue these operations
   FU_CU_CHECK(result);
@@ -71,8 +71,8 @@ std::vector<uint32_t> Handshake::initial_header() {
 
 Handshake::Handshake(int rank, std::vector<char*> headers, bool wide)
     : rank_(rank), headers_(std::move(headers)), wide_(wide) {
-  TORCH_CHECK(static_cast<int>(headers_.size()) <= kMaxRanks, "fast-ulysses: ",
-              headers_.size(), " ranks: at most ", kMaxRanks);
+  TORCH_CHECK(static_cast<int>(headers_.size()) <= kMaxRanks, "fast-ulysses: ", headers_.size(),
+              " ranks: at most ", kMaxRanks);
   // Word pairs start at an even rank index of an 8-byte aligned header.
   static_assert(kMaxRanks % 2 == 0, "a slot's words come in pairs");
   TORCH_CHECK(!wide_ || reinterpret_cast<uintptr_t>(headers_[rank_]) % 8 == 0,

@@ -56,8 +56,8 @@ class MemOpBatch {
 class Handshake {
  public:
   static constexpr int kMaxTags = fast_ulysses::kMaxTags;  // plan/tag_rules.h
-  static constexpr int kBarrierSlot = kMaxTags;  // the slot of group.barrier()
-  static constexpr int kMaxRanks = kMaxWorldSize;  // plan.h's limit
+  static constexpr int kBarrierSlot = kMaxTags;            // the slot of group.barrier()
+  static constexpr int kMaxRanks = kMaxWorldSize;          // plan.h's limit
   static constexpr int kWords = 3;
   // Bytes of the signal header at the start of every rank's pool: slots x words x ranks.
   static constexpr int64_t kHeaderBytes = int64_t{kMaxTags + 1} * kWords * kMaxRanks * 4;

@@ -18,7 +18,8 @@ enum class Stage {
   kOpen,      // fork into M (and the opening handshake batch of a fused call)
   kSend,      // opening handshake, remote copies and closing handshake (eager_graph.h: one
               // graph launch, or call by call); a fused call: its kernel
-  kOwnShare,  // this rank's own share, on the caller's stream (in kSend when a cached graph holds it)
+  kOwnShare,  // this rank's own share, on the caller's stream (in kSend when a cached graph holds
+              // it)
   kClose,     // a fused call's closing handshake batch
   kFinish,    // owned: collect copies and release; both: events, joins, watchdog
   kCount

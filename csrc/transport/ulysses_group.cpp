@@ -65,8 +65,7 @@ std::vector<int64_t> shape_of(const std::array<int64_t, 4>& shape) {
 
 std::string joined(const std::vector<int64_t>& values) {
   std::string text = "[";
-  for (size_t i = 0; i < values.size(); ++i)
-    text += (i ? ", " : "") + std::to_string(values[i]);
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
   return text + "]";
 }
 
@@ -74,18 +73,17 @@ std::string joined(const std::vector<int64_t>& values) {
 std::shared_ptr<const WatchedCall> watched_call(const Plan& plan, const std::string& tag,
                                                 uint32_t signature) {
   const PlanRequest& r = plan.request;
-  std::string text = "mode=" + std::to_string(static_cast<int>(r.mode)) + ", layout=" +
-                     layout_name(r.layout) + ", batch=" + std::to_string(r.batch) +
-                     ", head_dim=" + std::to_string(r.head_dim) + ", element_size=" +
-                     std::to_string(r.element_size) + ", seq_splits=" + joined(r.seq_splits) +
-                     ", head_splits=" + joined(r.head_splits) + ", tag '" + tag + "'";
+  std::string text =
+      "mode=" + std::to_string(static_cast<int>(r.mode)) + ", layout=" + layout_name(r.layout) +
+      ", batch=" + std::to_string(r.batch) + ", head_dim=" + std::to_string(r.head_dim) +
+      ", element_size=" + std::to_string(r.element_size) + ", seq_splits=" + joined(r.seq_splits) +
+      ", head_splits=" + joined(r.head_splits) + ", tag '" + tag + "'";
   return std::make_shared<const WatchedCall>(WatchedCall{tag, signature, std::move(text)});
 }
 
 }  // namespace
 
-UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
-                           int64_t initial_pool_bytes)
+UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device, int64_t initial_pool_bytes)
     : group_name_(std::move(group_name)),
       device_(device),
       watchdog_settings_(watchdog_settings()),
@@ -96,8 +94,8 @@ UlyssesGroup::UlyssesGroup(std::string group_name, c10::Device device,
       eager_graphs_(eager_graphs_on_) {
   c10::cuda::CUDAGuard guard(device_);
   comm_ = communication_stream(device_.index());
-  watchdog_ = std::make_unique<Watchdog>(group_name_, device_.index(), handshake_,
-                                         watchdog_settings_);
+  watchdog_ =
+      std::make_unique<Watchdog>(group_name_, device_.index(), handshake_, watchdog_settings_);
 }
 
 UlyssesGroup::~UlyssesGroup() {
@@ -159,35 +157,37 @@ const Window& UlyssesGroup::window_for(const TagState& tag, int64_t bytes, bool 
 }
 
 void UlyssesGroup::check_device(const at::Tensor& x) const {
-  TORCH_CHECK_VALUE(x.device() == device_, "x is on ", x.device(), " but the group is on ",
-                    device_, ": inputs must be on the group's device");
+  TORCH_CHECK_VALUE(x.device() == device_, "x is on ", x.device(), " but the group is on ", device_,
+                    ": inputs must be on the group's device");
 }
 
 void UlyssesGroup::check_out(const at::Tensor& out, const at::Tensor& x, const Plan& plan,
                              bool owned) const {
-  TORCH_CHECK_VALUE(owned, "out: only the owned call (all_to_all_single_4d) fills a caller's "
+  TORCH_CHECK_VALUE(owned,
+                    "out: only the owned call (all_to_all_single_4d) fills a caller's "
                     "tensor; a borrowed result is the window itself");
-  TORCH_CHECK_VALUE(out.device() == device_, "out is on ", out.device(),
-                    " but the group is on ", device_, ": out must be on the group's device");
+  TORCH_CHECK_VALUE(out.device() == device_, "out is on ", out.device(), " but the group is on ",
+                    device_, ": out must be on the group's device");
   TORCH_CHECK_VALUE(out.scalar_type() == x.scalar_type(), "out has dtype ", out.scalar_type(),
                     " but x has ", x.scalar_type(), ": out must have x's dtype");
   const std::vector<int64_t> shape = shape_of(plan.output_shape);
   TORCH_CHECK_VALUE(out.sizes() == c10::IntArrayRef(shape), "out has shape ", out.sizes(),
                     " but the call's output is ", c10::IntArrayRef(shape),
                     ": out must have the output's shape");
-  TORCH_CHECK_VALUE(out.is_contiguous(), "out (shape ", out.sizes(), ", strides ",
-                    out.strides(), ") is not contiguous: out must be a contiguous tensor");
+  TORCH_CHECK_VALUE(out.is_contiguous(), "out (shape ", out.sizes(), ", strides ", out.strides(),
+                    ") is not contiguous: out must be a contiguous tensor");
   TORCH_CHECK_VALUE(!overlap(byte_range(out), byte_range(x)),
                     "out overlaps x in memory: the call reads x while it writes out; pass "
                     "an out that shares no bytes with x");
 }
 
-void UlyssesGroup::check_not_in_window(const char* name, const at::Tensor& t,
-                                       const Window& window, const std::string& tag) const {
+void UlyssesGroup::check_not_in_window(const char* name, const at::Tensor& t, const Window& window,
+                                       const std::string& tag) const {
   const auto local = reinterpret_cast<uintptr_t>(window.local);
   TORCH_CHECK_VALUE(
       !overlap(byte_range(t), {local, local + static_cast<uintptr_t>(window.bytes)}), name,
-      " overlaps the receive window of tag '", tag, "' (a borrowed result of that tag, or a "
+      " overlaps the receive window of tag '", tag,
+      "' (a borrowed result of that tag, or a "
       "view of one): peers write into that window during this call, so its bytes would change "
       "while they are read. Use another tag for this call, or clone() the borrowed result "
       "first");
@@ -242,8 +242,7 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
   if (out_arg.defined()) check_not_in_window("out", out_arg, window, tag_name);
   TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
   const bool deferred = !owned && !barrier;
-  at::Tensor out = !owned             ? pool_.local_tensor(window, shape_of(plan.output_shape),
-                                                           x.scalar_type())
+  at::Tensor out = !owned ? pool_.local_tensor(window, shape_of(plan.output_shape), x.scalar_type())
                    : out_arg.defined() ? out_arg
                                        : at::empty(shape_of(plan.output_shape), x.options());
   ++tag.calls;
@@ -309,8 +308,7 @@ void UlyssesGroup::barrier() {
   full_round(Handshake::kBarrierSlot, Word::kBarrierA);
   full_round(Handshake::kBarrierSlot, Word::kBarrierB);
   batch_.issue(comm_);
-  join_caller(caller, CallKind::kBarrier, nullptr, Handshake::kBarrierSlot, barriers_,
-              in_capture);
+  join_caller(caller, CallKind::kBarrier, nullptr, Handshake::kBarrierSlot, barriers_, in_capture);
 }
 
 void UlyssesGroup::quiesce() {

@@ -33,14 +33,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "plan/plan.h"
 #include "kernels/norm_rope.h"
+#include "plan/plan.h"
 #include "transport/call_work.h"
 #include "transport/eager_graph.h"
 #include "transport/event_pool.h"
 #include "transport/handshake.h"
-#include "transport/key_hash.h"
 #include "transport/host_profile.h"
+#include "transport/key_hash.h"
 #include "transport/watchdog.h"
 #include "transport/window_pool.h"
 
@@ -125,9 +125,9 @@ class UlyssesGroup {
   struct Call {
     int slot;
     bool owned;
-    bool deferred;    // borrowed with barrier=false: no closing handshake
-    bool wait_owned;  // open() waits for my held_owned words too: they can be 1 only on a tag
-                      // that has carried an owned call; a call being captured always waits
+    bool deferred;       // borrowed with barrier=false: no closing handshake
+    bool wait_owned;     // open() waits for my held_owned words too: they can be 1 only on a tag
+                         // that has carried an owned call; a call being captured always waits
     uint32_t signature;  // plan/call_signature.h: what my release writes and my acquire awaits
   };
   // How a call's work is issued: chosen once, by acquire().
@@ -161,8 +161,7 @@ class UlyssesGroup {
   // The strategies (issue_direct: false when the call has no graph, with nothing issued).
   void issue_one_rank(const Acquired& a, const at::Tensor& x, const Plan& plan,
                       FusedNormRope* fused);
-  void issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan,
-                   FusedNormRope& fused);
+  void issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan, FusedNormRope& fused);
   bool issue_direct(const Acquired& a, const at::Tensor& x, const Plan& plan);
   // Forked into M: the cached graph there (with `try_graph`) or call by call, then the join.
   void issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan, bool try_graph);
@@ -190,8 +189,8 @@ class UlyssesGroup {
   void open(const Call& call, cudaStream_t stream);
   void close(int slot, cudaStream_t stream);
   void full_round(int slot, Word word);  // adds to batch_
-  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window,
-                   cudaStream_t stream, bool batch);
+  void send_remote(const at::Tensor& x, const Plan& plan, const Window& window, cudaStream_t stream,
+                   bool batch);
   // Opening handshake, peer copies, (unless deferred) closing handshake and (owned) the
   // peers' chunks into `out`, call by call on `stream` (comm_, or a stream being captured).
   void issue_peers(const at::Tensor& x, const at::Tensor& out, const Plan& plan,
@@ -214,8 +213,8 @@ class UlyssesGroup {
   std::string group_name_;
   c10::Device device_;
   WatchdogSettings watchdog_settings_;  // parsed before anything collective can happen
-  HostProfile profile_;                  // FAST_ULYSSES_HOST_PROFILE
-  bool eager_graphs_on_;                 // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ comes later)
+  HostProfile profile_;                 // FAST_ULYSSES_HOST_PROFILE
+  bool eager_graphs_on_;                // FAST_ULYSSES_EAGER_GRAPHS (eager_graphs_ comes later)
   WindowPool pool_;
   Handshake handshake_;
   EventPool events_;

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <future>
 #include <optional>
-#include <thread>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,8 +19,9 @@ constexpr auto kFlagReadDeadline = std::chrono::seconds(5);
 // Reads the words at `words` (device addresses; null: not read) on a detached thread of its
 // own and waits at most kFlagReadDeadline: with the caller's stream stuck behind the hung
 // handshake a device read may block too (suspected, not confirmed, where a rank sharing one GPU
-// was never ended by its watchdog), and a report, and the abort after it, must never hang. The thread holds only copies, so it may outlive the
-// group; a late read of freed memory returns an error, not a crash.
+// was never ended by its watchdog), and a report, and the abort after it, must never hang. The
+// thread holds only copies, so it may outlive the group; a late read of freed memory returns an
+// error, not a crash.
 std::optional<std::vector<int64_t>> read_words(std::vector<const char*> words, int device_index) {
   auto promise = std::make_shared<std::promise<std::vector<int64_t>>>();
   auto future = promise->get_future();
@@ -31,9 +32,9 @@ std::optional<std::vector<int64_t>> read_words(std::vector<const char*> words, i
     std::vector<int64_t> values;
     for (const char* word : words) {
       uint32_t value = 0;
-      values.push_back(word == nullptr ? -1
+      values.push_back(word == nullptr                      ? -1
                        : Handshake::read_word(word, &value) ? static_cast<int64_t>(value)
-                                                             : -2);
+                                                            : -2);
     }
     promise->set_value(std::move(values));
   }).detach();
@@ -66,8 +67,8 @@ void Watchdog::watch(std::shared_ptr<cudaEvent_t> event, CallKind kind,
                      std::shared_ptr<const WatchedCall> what, int slot, uint64_t call) {
   if (timeout_s_ <= 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back({std::move(event), kind, std::move(what), slot, call,
-                      std::chrono::steady_clock::now()});
+  entries_.push_back(
+      {std::move(event), kind, std::move(what), slot, call, std::chrono::steady_clock::now()});
 }
 
 void Watchdog::run() {
@@ -101,8 +102,9 @@ void Watchdog::run() {
                      describe(entry).c_str(), error.what());
       }
       if (action_ == WatchdogAction::kAbort) {
-        std::fprintf(stderr, "fast-ulysses watchdog: ending this process "
-                             "(FAST_ULYSSES_WATCHDOG_ACTION=abort; 'report' only reports)\n");
+        std::fprintf(stderr,
+                     "fast-ulysses watchdog: ending this process "
+                     "(FAST_ULYSSES_WATCHDOG_ACTION=abort; 'report' only reports)\n");
         std::fflush(stderr);
         std::_Exit(EXIT_FAILURE);
       }
@@ -164,8 +166,8 @@ void Watchdog::report(const Entry& entry, double waited_s) const {
         if (p == me || v < 0 || v == 1 || v == 0 || v == entry.what->signature) continue;
         message << " Rank " << p << " released this rank's window of tag '" << entry.what->tag
                 << "' for a different call (signature 0x" << std::hex << v
-                << ") than this rank's (signature 0x" << entry.what->signature << std::dec
-                << ": " << entry.what->text
+                << ") than this rank's (signature 0x" << entry.what->signature << std::dec << ": "
+                << entry.what->text
                 << "): the ranks disagree on the call, and no byte was copied between them "
                    "for it (rank "
                 << p << "'s own report names its call).";

@@ -25,8 +25,7 @@ constexpr int64_t kHeaderReserved = align_up(Handshake::kHeaderBytes, WindowPool
 
 WindowPool::WindowPool(std::string group_name, c10::Device device, int64_t initial_bytes)
     : group_name_(std::move(group_name)), device_(device) {
-  TORCH_CHECK_VALUE(initial_bytes >= 0, "initial_pool_bytes=", initial_bytes,
-                    ": must be >= 0");
+  TORCH_CHECK_VALUE(initial_bytes >= 0, "initial_pool_bytes=", initial_bytes, ": must be >= 0");
   add_segment(kHeaderReserved + align_up(initial_bytes, kAlignment),
               /*with_header=*/true);
   rank_ = segments_[0].handle->get_rank();
@@ -37,8 +36,8 @@ void WindowPool::add_segment(int64_t bytes, bool with_header) {
   c10::cuda::CUDAGuard guard(device_);
   Segment segment;
   segment.bytes = align_up(bytes, kAlignment);
-  segment.storage = c10d::symmetric_memory::empty_strided_p2p(
-      {segment.bytes}, {1}, at::kByte, device_, group_name_, std::nullopt);
+  segment.storage = c10d::symmetric_memory::empty_strided_p2p({segment.bytes}, {1}, at::kByte,
+                                                              device_, group_name_, std::nullopt);
   if (with_header) {
     // Written and finished before the rendezvous: no peer can address it before that returns.
     std::vector<uint32_t> words = Handshake::initial_header();
@@ -50,13 +49,15 @@ void WindowPool::add_segment(int64_t bytes, bool with_header) {
   const auto bases = segment.handle->get_buffer_ptrs();
   const int me = segment.handle->get_rank();
   // The handle's pointers address the allocation; our tensor may start inside it.
-  const int64_t shift = static_cast<char*>(segment.storage.data_ptr()) -
-                        static_cast<char*>(bases[me]);
+  const int64_t shift =
+      static_cast<char*>(segment.storage.data_ptr()) - static_cast<char*>(bases[me]);
   for (void* base : bases) segment.bases.push_back(static_cast<char*>(base) + shift);
   segments_.push_back(std::move(segment));
 }
 
-std::vector<char*> WindowPool::headers() const { return segments_.front().bases; }
+std::vector<char*> WindowPool::headers() const {
+  return segments_.front().bases;
+}
 
 Window WindowPool::carve(Segment& segment, int index, int64_t bytes) const {
   Window window;
@@ -80,8 +81,7 @@ const Window& WindowPool::acquire(int slot, const std::string& tag, int64_t byte
   // The rule (sealed or not, how much a tag that outgrows its window gets) is the plan
   // library's, which the fallback applies too; old windows are never reused.
   bytes = translate_plan_errors([&] {
-    return window_for_call(tag, bytes, found == windows_.end() ? -1 : found->second.bytes,
-                           sealed_);
+    return window_for_call(tag, bytes, found == windows_.end() ? -1 : found->second.bytes, sealed_);
   });
   Segment* segment = &segments_.back();
   if (segment->bytes - segment->used < bytes) {

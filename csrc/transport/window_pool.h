@@ -24,8 +24,8 @@ struct Window {
   int segment = -1;
   int64_t offset = 0;  // inside the segment, the same on every rank
   int64_t bytes = 0;
-  char* local = nullptr;       // my window
-  std::vector<char*> peers;    // every rank's window, as I address it (peers[rank] == local)
+  char* local = nullptr;     // my window
+  std::vector<char*> peers;  // every rank's window, as I address it (peers[rank] == local)
 };
 
 class WindowPool {
@@ -53,8 +53,7 @@ class WindowPool {
   // A contiguous tensor of `shape` and `dtype` at the start of my window, sharing the segment's
   // storage (it keeps the segment alive). Built without the dispatcher (a TensorImpl over the
   // segment's Storage), as this is on every borrowed call's path; the window must hold it.
-  at::Tensor local_tensor(const Window& window, c10::IntArrayRef shape,
-                          at::ScalarType dtype) const;
+  at::Tensor local_tensor(const Window& window, c10::IntArrayRef shape, at::ScalarType dtype) const;
 
   int64_t capacity() const;
   int64_t used() const;

@@ -13,13 +13,13 @@ import torch
 
 from .errors import FastUlyssesError
 
-INT64_MIN = -(2 ** 63)
-INT64_MAX = 2 ** 63 - 1
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 INT64_RANGE = "it must fit in int64 (-2^63 to 2^63 - 1)"
 
 
 def _example(value) -> str:
-    """" (e.g. 2)" for a float or str that spells an int64 integer (2.0, "2"), else ""."""
+    """ " (e.g. 2)" for a float or str that spells an int64 integer (2.0, "2"), else ""."""
     if isinstance(value, float) and value.is_integer() or isinstance(value, str):
         try:
             number = int(value)
@@ -44,8 +44,9 @@ def as_int(value, name: str) -> int:
         try:
             value = operator.index(value)
         except TypeError:
-            raise FastUlyssesError(f"{name} is {value!r}: it must be an int"
-                                   f"{_example(value)}") from None
+            raise FastUlyssesError(
+                f"{name} is {value!r}: it must be an int{_example(value)}"
+            ) from None
     if not INT64_MIN <= value <= INT64_MAX:
         raise FastUlyssesError(f"{name} is {value}: {INT64_RANGE}")
     return value
@@ -65,8 +66,9 @@ def as_ints(values, name: str) -> list[int]:
             raise TypeError
         out = list(values)
     except TypeError:
-        raise FastUlyssesError(f"{name} is {values!r}: it must be a sequence of ints "
-                               "(e.g. (1, 9450, 40, 128))") from None
+        raise FastUlyssesError(
+            f"{name} is {values!r}: it must be a sequence of ints (e.g. (1, 9450, 40, 128))"
+        ) from None
     for i, v in enumerate(out):
         if type(v) is not int or not INT64_MIN <= v <= INT64_MAX:
             out[i] = as_int(v, f"{name}[{i}]")

@@ -15,7 +15,7 @@ import torch
 
 from .errors import FastUlyssesError
 
-_INT64 = (-(2 ** 63), 2 ** 63 - 1)  # what the ops' int arguments hold
+_INT64 = (-(2**63), 2**63 - 1)  # what the ops' int arguments hold
 
 
 class Mode(enum.IntEnum):
@@ -36,8 +36,9 @@ def as_mode(mode) -> int:
         if _INT64[0] <= value <= _INT64[1]:
             return value
         raise FastUlyssesError(f"mode is {value}: it must fit in int64 (-2^63 to 2^63 - 1)")
-    raise FastUlyssesError(f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 "
-                           "(Mode.HEAD_TO_SEQ)")
+    raise FastUlyssesError(
+        f"mode is {mode!r}: it must be an int, 0 (Mode.SEQ_TO_HEAD) or 1 (Mode.HEAD_TO_SEQ)"
+    )
 
 
 def as_splits(values, name: str = "splits") -> list[int] | None:
@@ -59,14 +60,16 @@ def as_splits(values, name: str = "splits") -> list[int] | None:
                 raise TypeError
             out = list(values)
         except TypeError:
-            raise FastUlyssesError(f"{name} is {values!r}: it must be a sequence of ints, one per "
-                             "rank") from None
+            raise FastUlyssesError(
+                f"{name} is {values!r}: it must be a sequence of ints, one per rank"
+            ) from None
     for i, v in enumerate(out):
         if type(v) is not int:  # (the common case costs one type check per entry)
             out[i] = _as_int(v, f"{name}[{i}]", "split sizes must be ints")
         if not _INT64[0] <= out[i] <= _INT64[1]:
-            raise FastUlyssesError(f"{name}[{i}] is {out[i]}: it must fit in int64 (-2^63 to "
-                                   "2^63 - 1)")
+            raise FastUlyssesError(
+                f"{name}[{i}] is {out[i]}: it must fit in int64 (-2^63 to 2^63 - 1)"
+            )
     return out
 
 
@@ -105,8 +108,16 @@ def check_tag(tag) -> str:
     return tag
 
 
-def group_repr(cls_name: str, rank: int, world_size: int, fallback: bool, *,
-               device=None, reason: str = "", destroyed: bool = False) -> str:
+def group_repr(
+    cls_name: str,
+    rank: int,
+    world_size: int,
+    fallback: bool,
+    *,
+    device=None,
+    reason: str = "",
+    destroyed: bool = False,
+) -> str:
     """One repr shape for both groups, e.g.
     `TorchUlyssesGroup(rank=1, world_size=4, fallback=True, reason='requested')` and
     `UlyssesGroup(rank=0, world_size=8, device=cuda:0, fallback=False)`."""

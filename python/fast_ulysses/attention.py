@@ -38,13 +38,17 @@ def group_for(group=None) -> UlyssesGroupLike:
         return group
     if group is None:
         if not dist.is_initialized():
-            raise RuntimeError("group=None means the default process group, but "
-                               "torch.distributed is not initialised: call "
-                               "dist.init_process_group first")
+            raise RuntimeError(
+                "group=None means the default process group, but "
+                "torch.distributed is not initialised: call "
+                "dist.init_process_group first"
+            )
         group = dist.group.WORLD
     if not isinstance(group, dist.ProcessGroup):
-        raise FastUlyssesError(f"group is a {type(group).__name__}: it must be a fast-ulysses group "
-                         "(make_group), a torch.distributed ProcessGroup or None")
+        raise FastUlyssesError(
+            f"group is a {type(group).__name__}: it must be a fast-ulysses group "
+            "(make_group), a torch.distributed ProcessGroup or None"
+        )
     found = _GROUPS.get(group)
     if found is None or getattr(found, "_destroyed", False):
         from .factory import make_group
@@ -97,9 +101,14 @@ class UlyssesAttention(torch.nn.Module):
         of the group's calls (forward).
     """
 
-    def __init__(self, group=None, attn_fn: Callable | None = None,
-                 tags: tuple[str, str, str, str] = ("fu.attn.q", "fu.attn.k", "fu.attn.v",
-                                                    "fu.attn.o"), *, pipeline: int = 1):
+    def __init__(
+        self,
+        group=None,
+        attn_fn: Callable | None = None,
+        tags: tuple[str, str, str, str] = ("fu.attn.q", "fu.attn.k", "fu.attn.v", "fu.attn.o"),
+        *,
+        pipeline: int = 1,
+    ):
         super().__init__()
         self.group = group
         self.attn_fn = attn_fn if attn_fn is not None else F.scaled_dot_product_attention
@@ -108,8 +117,16 @@ class UlyssesAttention(torch.nn.Module):
         self.tags = tuple(tags)
         self.pipeline = check_pipeline(pipeline)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                seq_splits=None, head_splits=None, layout: str = "bshd") -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        seq_splits=None,
+        head_splits=None,
+        layout: str = "bshd",
+    ) -> torch.Tensor:
         group = group_for(self.group)
         kv_heads = _kv_heads(q, k, v, layout)
         if kv_heads is not None or self.pipeline > 1:
@@ -118,11 +135,12 @@ class UlyssesAttention(torch.nn.Module):
         qkv = [t.contiguous() for t in (q, k, v)]
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in qkv)
         if needs_grad or torch.compiler.is_compiling():  # barrier() is eager only
-            heads = [group.all_to_all_single_4d(t, 0, tag, **kw)
-                     for t, tag in zip(qkv, self.tags)]
+            heads = [group.all_to_all_single_4d(t, 0, tag, **kw) for t, tag in zip(qkv, self.tags)]
         else:
-            heads = [group.all_to_all_single_4d_borrowed(t, 0, tag, barrier=False, **kw)
-                     for t, tag in zip(qkv, self.tags)]
+            heads = [
+                group.all_to_all_single_4d_borrowed(t, 0, tag, barrier=False, **kw)
+                for t, tag in zip(qkv, self.tags)
+            ]
             group.barrier()
         order = _to_bhsd(layout)  # the plan accepted the layout: it names b, s, h and d
         o = _call_attn(self.attn_fn, *(t.permute(order) for t in heads))
@@ -135,29 +153,38 @@ class UlyssesAttention(torch.nn.Module):
         group's input calls issued before the previous group's attention."""
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
-                raise FastUlyssesError(f"{name} is a {type(t).__name__}: it must be a "
-                                       "torch.Tensor")
+                raise FastUlyssesError(f"{name} is a {type(t).__name__}: it must be a torch.Tensor")
         q, k, v = (t.contiguous() for t in (q, k, v))
         splits = _q_splits(group, q, seq_splits, head_splits, layout)
         h = layout.index("h")  # the plan accepted the layout
         groups = head_groups(splits, kv_heads or sum(splits), self.pipeline)
         one = len(groups) == 1
-        owned = not one or torch.compiler.is_compiling() or (
-            torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+        owned = (
+            not one
+            or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+        )
         tq, tk, tv, to = self.tags
 
         def send(hg):
-            calls = ((q_send(q, hg, h), tq, head_splits if one else list(hg.q_splits)),
-                     (kv_send(k, hg, h), tk, list(hg.kv_splits)),
-                     (kv_send(v, hg, h), tv, list(hg.kv_splits)))
+            calls = (
+                (q_send(q, hg, h), tq, head_splits if one else list(hg.q_splits)),
+                (kv_send(k, hg, h), tk, list(hg.kv_splits)),
+                (kv_send(v, hg, h), tv, list(hg.kv_splits)),
+            )
             if owned:
-                return [group.all_to_all_single_4d(x, 0, tag, seq_splits=seq_splits,
-                                                   head_splits=s, layout=layout)
-                        for x, tag, s in calls]
-            heads = [group.all_to_all_single_4d_borrowed(x, 0, tag, seq_splits=seq_splits,
-                                                         head_splits=s, layout=layout,
-                                                         barrier=False)
-                     for x, tag, s in calls]
+                return [
+                    group.all_to_all_single_4d(
+                        x, 0, tag, seq_splits=seq_splits, head_splits=s, layout=layout
+                    )
+                    for x, tag, s in calls
+                ]
+            heads = [
+                group.all_to_all_single_4d_borrowed(
+                    x, 0, tag, seq_splits=seq_splits, head_splits=s, layout=layout, barrier=False
+                )
+                for x, tag, s in calls
+            ]
             group.barrier()  # (calls holds the inputs until here, as barrier=False needs)
             return heads
 
@@ -167,9 +194,16 @@ class UlyssesAttention(torch.nn.Module):
         for g, hg in enumerate(groups):
             after = send(groups[g + 1]) if g + 1 < len(groups) else None
             o = self._attend(hg, group.rank, *(t.permute(order) for t in pending))
-            outs.append(group.all_to_all_single_4d(
-                o.permute(back).contiguous(), 1, to, seq_splits=seq_splits,
-                head_splits=head_splits if one else list(hg.q_splits), layout=layout))
+            outs.append(
+                group.all_to_all_single_4d(
+                    o.permute(back).contiguous(),
+                    1,
+                    to,
+                    seq_splits=seq_splits,
+                    head_splits=head_splits if one else list(hg.q_splits),
+                    layout=layout,
+                )
+            )
             pending = after
         return outs[0] if one else torch.cat(outs, dim=h)
 
@@ -195,23 +229,29 @@ def _call_attn(attn_fn, q, k, v):
 def _kv_heads(q, k, v, layout) -> int | None:
     """None where q, k and v have one shape (or are not all tensors: the group's calls refuse
     those); else k's head count, once k and v are checked against q (FastUlyssesError)."""
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or \
-            (k.shape == q.shape and v.shape == q.shape):
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or (
+        k.shape == q.shape and v.shape == q.shape
+    ):
         return None
     _check_layout(layout)
     h = layout.index("h")
     others = [n for i, n in enumerate(q.shape) if i != h]
     if k.dim() != 4 or q.dim() != 4 or [n for i, n in enumerate(k.shape) if i != h] != others:
-        raise FastUlyssesError(f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: k "
-                               f"and v must have q's shape, or q's with fewer heads (dimension "
-                               f"{h} in {layout}) for grouped-query attention")
+        raise FastUlyssesError(
+            f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: k "
+            f"and v must have q's shape, or q's with fewer heads (dimension "
+            f"{h} in {layout}) for grouped-query attention"
+        )
     if v.shape != k.shape:
-        raise FastUlyssesError(f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}: k "
-                               "and v must have one shape")
+        raise FastUlyssesError(
+            f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}: k and v must have one shape"
+        )
     hq, hkv = q.shape[h], k.shape[h]
     if hkv == 0 or hq % hkv:
-        raise FastUlyssesError(f"k has {hkv} heads but q has {hq}: q's head count must be a "
-                               "multiple of k's and v's (grouped-query attention)")
+        raise FastUlyssesError(
+            f"k has {hkv} heads but q has {hq}: q's head count must be a "
+            "multiple of k's and v's (grouped-query attention)"
+        )
     return hkv
 
 
@@ -227,14 +267,30 @@ def _q_splits(group, q, seq_splits, head_splits, layout) -> tuple:
         _check_layout(layout)
         seq = as_splits(seq_splits, "seq_splits")
         heads = as_splits(head_splits, "head_splits")
-        return _resolved_heads(group.world_size, group.rank, tuple(q.shape), q.element_size(),
-                               None if seq is None else tuple(seq),
-                               None if heads is None else tuple(heads), layout)
+        return _resolved_heads(
+            group.world_size,
+            group.rank,
+            tuple(q.shape),
+            q.element_size(),
+            None if seq is None else tuple(seq),
+            None if heads is None else tuple(heads),
+            layout,
+        )
     except ValueError as error:
         raise refused(error) from None
 
 
 @functools.lru_cache(maxsize=256)
 def _resolved_heads(world_size, rank, shape, element_size, seq, heads, layout) -> tuple:
-    return tuple(plan(world_size, rank, 0, shape, element_size, seq_splits=seq,
-                      head_splits=heads, layout=layout).head_splits)
+    return tuple(
+        plan(
+            world_size,
+            rank,
+            0,
+            shape,
+            element_size,
+            seq_splits=seq,
+            head_splits=heads,
+            layout=layout,
+        ).head_splits
+    )

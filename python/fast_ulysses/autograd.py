@@ -74,9 +74,15 @@ def _backward_owned(ctx, grad):
     # FAST_ULYSSES_DEBUG=1: the backward call is checked like any other, in eager autograd (a
     # plain tensor); a compiled backward is traced once, with no collective in the trace.
     if group is not None and type(grad) is torch.Tensor:
-        group._before_call("all_to_all_single_4d (backward)", grad, backward["mode"],
-                           backward["tag"], call["seq_splits"], call["head_splits"],
-                           call["layout"])
+        group._before_call(
+            "all_to_all_single_4d (backward)",
+            grad,
+            backward["mode"],
+            backward["tag"],
+            call["seq_splits"],
+            call["head_splits"],
+            call["layout"],
+        )
     grad_x = torch.ops.fast_ulysses.all_to_all_single_4d(**backward)
     return (grad_x,) + (None,) * (len(_OWNED_ARGUMENTS) - 1)
 
@@ -93,6 +99,7 @@ def register_op_autograd() -> None:
 
 # -- the torch fallback ----------------------------------------------------------------------
 
+
 class TorchAllToAll(torch.autograd.Function):
     """TorchUlyssesGroup's all-to-all with its backward (mode 1 - m, tag `backward_tag(tag)`,
     through the group's own entry point, so a double backward works too)."""
@@ -106,7 +113,12 @@ class TorchAllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         mode, tag, seq_splits, head_splits, layout = ctx.call
-        grad_x = ctx.group.all_to_all_single_4d(grad.contiguous(), 1 - mode, backward_tag(tag),
-                                                seq_splits=seq_splits, head_splits=head_splits,
-                                                layout=layout)
+        grad_x = ctx.group.all_to_all_single_4d(
+            grad.contiguous(),
+            1 - mode,
+            backward_tag(tag),
+            seq_splits=seq_splits,
+            head_splits=head_splits,
+            layout=layout,
+        )
         return grad_x, None, None, None, None, None, None, None

@@ -45,15 +45,30 @@ def debugged(group_name: str):
 def describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra=()) -> str:
     """One call as the debug messages name it."""
     shown_mode = int(mode) if isinstance(mode, int) else repr(mode)
-    return (f"{name}(x={tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}, "
-            f"mode={shown_mode}, tag={tag!r}, seq_splits={_list(seq_splits)}, "
-            f"head_splits={_list(head_splits)}, layout={layout!r}"
-            f"{''.join(f', {e!r}' for e in extra)})")
+    return (
+        f"{name}(x={tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}, "
+        f"mode={shown_mode}, tag={tag!r}, seq_splits={_list(seq_splits)}, "
+        f"head_splits={_list(head_splits)}, layout={layout!r}"
+        f"{''.join(f', {e!r}' for e in extra)})"
+    )
 
 
-def check_agreement(process_group, rank: int, world_size: int, index: int, name: str, x, mode,
-                    tag, seq_splits, head_splits, layout, extra=(), *,
-                    check_device: Callable | None = None) -> None:
+def check_agreement(
+    process_group,
+    rank: int,
+    world_size: int,
+    index: int,
+    name: str,
+    x,
+    mode,
+    tag,
+    seq_splits,
+    head_splits,
+    layout,
+    extra=(),
+    *,
+    check_device: Callable | None = None,
+) -> None:
     """Gathers every rank's call number `index` (one all_gather_object: a debugging aid, not
     for speed) and raises ValueError on every rank, naming both calls, if any rank's call is
     invalid or differs from the others'.
@@ -73,23 +88,37 @@ def check_agreement(process_group, rank: int, world_size: int, index: int, name:
             check_device(x)
         # Shapes legitimately differ across ranks with uneven splits; the resolved splits, the
         # batch and head dimensions and the window size must agree.
-        p = plan_call(x, world_size, rank, mode, seq_splits=seq_splits, head_splits=head_splits,
-                      layout=layout)
-        key = (name, as_mode(mode), tag, layout, str(x.dtype), p.seq_splits, p.head_splits,
-               p.input_shape[layout.index("b")], p.input_shape[3], p.window_bytes,
-               tuple(extra))
+        p = plan_call(
+            x, world_size, rank, mode, seq_splits=seq_splits, head_splits=head_splits, layout=layout
+        )
+        key = (
+            name,
+            as_mode(mode),
+            tag,
+            layout,
+            str(x.dtype),
+            p.seq_splits,
+            p.head_splits,
+            p.input_shape[layout.index("b")],
+            p.input_shape[3],
+            p.window_bytes,
+            tuple(extra),
+        )
     except ValueError as exc:
         error = str(exc)
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, (key, call, error), group=process_group)
     for peer, (_, peer_call, peer_error) in enumerate(gathered):
         if peer_error:
-            raise FastUlyssesError(f"call #{index}: rank {peer} called {peer_call}, which is "
-                             f"invalid: {peer_error}")
+            raise FastUlyssesError(
+                f"call #{index}: rank {peer} called {peer_call}, which is invalid: {peer_error}"
+            )
     for peer, (peer_key, peer_call, _) in enumerate(gathered):
         if peer_key != key:
-            raise FastUlyssesError(f"call #{index} differs across ranks: rank {rank} called {call} "
-                             f"but rank {peer} called {peer_call}")
+            raise FastUlyssesError(
+                f"call #{index} differs across ranks: rank {rank} called {call} "
+                f"but rank {peer} called {peer_call}"
+            )
 
 
 def _list(values):

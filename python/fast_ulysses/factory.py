@@ -60,17 +60,29 @@ class UlyssesGroupLike(Protocol):
     fallback: bool
     fallback_reason: str
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
-                             seq_splits: Sequence[int] | None = None,
-                             head_splits: Sequence[int] | None = None,
-                             layout: str = "bshd",
-                             out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def all_to_all_single_4d(
+        self,
+        x: torch.Tensor,
+        mode: int,
+        tag: str | None = None,
+        *,
+        seq_splits: Sequence[int] | None = None,
+        head_splits: Sequence[int] | None = None,
+        layout: str = "bshd",
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
-    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
-                                      seq_splits: Sequence[int] | None = None,
-                                      head_splits: Sequence[int] | None = None,
-                                      layout: str = "bshd",
-                                      barrier: bool = True) -> torch.Tensor: ...
+    def all_to_all_single_4d_borrowed(
+        self,
+        x: torch.Tensor,
+        mode: int,
+        tag: str,
+        *,
+        seq_splits: Sequence[int] | None = None,
+        head_splits: Sequence[int] | None = None,
+        layout: str = "bshd",
+        barrier: bool = True,
+    ) -> torch.Tensor: ...
 
     def barrier(self) -> None: ...
 

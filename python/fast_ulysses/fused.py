@@ -32,9 +32,17 @@ from .errors import FastUlyssesError
 NORMS, ROPE_STYLES = _C.NORMS, _C.ROPE_STYLES
 
 
-def norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        cos: torch.Tensor, sin: torch.Tensor, *, norm: str = "all_heads",
-                        rope_style: str = "interleaved", layout: str = "bshd") -> torch.Tensor:
+def norm_rope_reference(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    norm: str = "all_heads",
+    rope_style: str = "interleaved",
+    layout: str = "bshd",
+) -> torch.Tensor:
     """The unfused math above, in torch (the fallback's path and the tests' reference).
 
     Arguments are those of `qk_norm_rope_all_to_all`, checked by the same rules.
@@ -58,18 +66,29 @@ def norm_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
         a, b = y[..., 0::2], y[..., 1::2]
         out = torch.stack((a * c - b * t, a * t + b * c), dim=-1).reshape(B, S, N, D)
     else:
-        a, b = y[..., : D // 2], y[..., D // 2:]
+        a, b = y[..., : D // 2], y[..., D // 2 :]
         out = torch.cat((a * c - b * t, a * t + b * c), dim=-1)
     out = out if layout == "bshd" else out.transpose(0, 1)
     return out.to(x.dtype).contiguous()
 
 
-def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: torch.Tensor,
-                            eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                            norm: str = "all_heads", rope_style: str = "interleaved",
-                            seq_splits: Sequence[int] | None = None,
-                            head_splits: Sequence[int] | None = None, layout: str = "bshd",
-                            borrowed: bool = False, barrier: bool = True) -> torch.Tensor:
+def qk_norm_rope_all_to_all(
+    group,
+    x: torch.Tensor,
+    tag: str,
+    *,
+    norm_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: str = "all_heads",
+    rope_style: str = "interleaved",
+    seq_splits: Sequence[int] | None = None,
+    head_splits: Sequence[int] | None = None,
+    layout: str = "bshd",
+    borrowed: bool = False,
+    barrier: bool = True,
+) -> torch.Tensor:
     """RMSNorm and RoPE on this rank's q or k, then the mode-0 all-to-all; collective.
 
     Arguments:
@@ -95,17 +114,22 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
     """
     fallback = getattr(group, "fallback", None)  # both groups have it; a cheap per-call test
     if fallback is None:
-        raise FastUlyssesError(f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
-                         f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)")
+        raise FastUlyssesError(
+            f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
+            f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)"
+        )
     check_tag(tag)
     if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
-        raise FastUlyssesError("x requires grad, but qk_norm_rope_all_to_all has no backward: for "
-                         "training, apply the norm and RoPE with torch, then "
-                         "group.all_to_all_single_4d (autograd-aware)")
+        raise FastUlyssesError(
+            "x requires grad, but qk_norm_rope_all_to_all has no backward: for "
+            "training, apply the norm and RoPE with torch, then "
+            "group.all_to_all_single_4d (autograd-aware)"
+        )
     kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
     if fallback:
-        y = norm_rope_reference(x, norm_weight, eps, cos, sin, norm=norm,
-                                rope_style=rope_style, layout=layout)
+        y = norm_rope_reference(
+            x, norm_weight, eps, cos, sin, norm=norm, rope_style=rope_style, layout=layout
+        )
         if borrowed:
             return group.all_to_all_single_4d_borrowed(y, 0, tag, barrier=barrier, **kw)
         return group.all_to_all_single_4d(y, 0, tag, **kw)
@@ -114,29 +138,63 @@ def qk_norm_rope_all_to_all(group, x: torch.Tensor, tag: str, *, norm_weight: to
     name = "qk_norm_rope_all_to_all" + ("_borrowed" if borrowed else "")
     group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
     return ops.qk_norm_rope_all_to_all(
-        x, tag, group.group_name, norm_weight, float(eps), cos, sin, norm, rope_style,
-        as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits"), layout,
-        bool(borrowed), bool(barrier), group.rank)
+        x,
+        tag,
+        group.group_name,
+        norm_weight,
+        float(eps),
+        cos,
+        sin,
+        norm,
+        rope_style,
+        as_splits(seq_splits, "seq_splits"),
+        as_splits(head_splits, "head_splits"),
+        layout,
+        bool(borrowed),
+        bool(barrier),
+        group.rank,
+    )
 
 
-def qk_norm_rope_all_to_all_qk(group, q: torch.Tensor, k: torch.Tensor,
-                               tags: tuple[str, str] = ("q", "k"), *,
-                               norm_weights: tuple[torch.Tensor, torch.Tensor], eps: float,
-                               cos: torch.Tensor, sin: torch.Tensor, norm: str = "all_heads",
-                               rope_style: str = "interleaved",
-                               seq_splits: Sequence[int] | None = None,
-                               head_splits: Sequence[int] | None = None,
-                               layout: str = "bshd") -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope_all_to_all_qk(
+    group,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    tags: tuple[str, str] = ("q", "k"),
+    *,
+    norm_weights: tuple[torch.Tensor, torch.Tensor],
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: str = "all_heads",
+    rope_style: str = "interleaved",
+    seq_splits: Sequence[int] | None = None,
+    head_splits: Sequence[int] | None = None,
+    layout: str = "bshd",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k through `qk_norm_rope_all_to_all` with one closing handshake for both: two
     borrowed calls with barrier=False, then one `group.barrier()`. Returns the two borrowed
     results (valid until the next call with their tags); `norm_weights` is (q's, k's)."""
     if len(tags) != 2 or tags[0] == tags[1]:
         raise FastUlyssesError(f"tags is {tags!r}: it must be two different tags (q's, k's)")
     out = tuple(
-        qk_norm_rope_all_to_all(group, t, tag, norm_weight=w, eps=eps, cos=cos, sin=sin,
-                                norm=norm, rope_style=rope_style, seq_splits=seq_splits,
-                                head_splits=head_splits, layout=layout, borrowed=True,
-                                barrier=False)
-        for t, tag, w in zip((q, k), tags, norm_weights))
+        qk_norm_rope_all_to_all(
+            group,
+            t,
+            tag,
+            norm_weight=w,
+            eps=eps,
+            cos=cos,
+            sin=sin,
+            norm=norm,
+            rope_style=rope_style,
+            seq_splits=seq_splits,
+            head_splits=head_splits,
+            layout=layout,
+            borrowed=True,
+            barrier=False,
+        )
+        for t, tag, w in zip((q, k), tags, norm_weights)
+    )
     group.barrier()
     return out

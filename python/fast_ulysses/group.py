@@ -52,19 +52,29 @@ class UlyssesGroup:
     world_size: int
 
     @public
-    def __init__(self, process_group: dist.ProcessGroup | None = None,
-                 initial_pool_bytes: int = 0, *, device: torch.device | int | str | None = None,
-                 decision: Decision | None = None, topology=None):
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        initial_pool_bytes: int = 0,
+        *,
+        device: torch.device | int | str | None = None,
+        decision: Decision | None = None,
+        topology=None,
+    ):
         initial_pool_bytes = as_pool_bytes(initial_pool_bytes)  # arguments before the machine
         if cuda_load_error:
-            raise RuntimeError(f"UlyssesGroup needs the CUDA part of fast-ulysses: "
-                               f"{cuda_load_error}")
+            raise RuntimeError(
+                f"UlyssesGroup needs the CUDA part of fast-ulysses: {cuda_load_error}"
+            )
         if not torch.cuda.is_available():
-            raise RuntimeError("UlyssesGroup needs a CUDA GPU; none is visible "
-                               "(use TorchUlyssesGroup or make_group)")
+            raise RuntimeError(
+                "UlyssesGroup needs a CUDA GPU; none is visible "
+                "(use TorchUlyssesGroup or make_group)"
+            )
         if not dist.is_initialized():
-            raise RuntimeError("UlyssesGroup needs torch.distributed: call "
-                               "dist.init_process_group first")
+            raise RuntimeError(
+                "UlyssesGroup needs torch.distributed: call dist.init_process_group first"
+            )
         self.process_group = process_group or dist.group.WORLD
         self.group_name = self.process_group.group_name
         self.rank = dist.get_rank(self.process_group)
@@ -75,14 +85,16 @@ class UlyssesGroup:
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         if device.type != "cuda":
             raise FastUlyssesError(f"device={device}: UlyssesGroup needs a CUDA device")
-        self.device = torch.device("cuda", device.index if device.index is not None
-                                   else torch.cuda.current_device())
+        self.device = torch.device(
+            "cuda", device.index if device.index is not None else torch.cuda.current_device()
+        )
         self._calls = 0
         self._destroyed = False
         # (Collective, and first: a setting refused on any rank raises on every rank here.)
         _check_decision(self.process_group, self.device, decision, topology)
         self._debug = debug_enabled()
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
@@ -92,11 +104,17 @@ class UlyssesGroup:
 
     # -- the collectives -------------------------------------------------------------------
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
-                             seq_splits: Sequence[int] | None = None,
-                             head_splits: Sequence[int] | None = None,
-                             layout: str = "bshd",
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+    def all_to_all_single_4d(
+        self,
+        x: torch.Tensor,
+        mode: int,
+        tag: str | None = None,
+        *,
+        seq_splits: Sequence[int] | None = None,
+        head_splits: Sequence[int] | None = None,
+        layout: str = "bshd",
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One all-to-all. Mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d);
         mode 1 the inverse; sbhd swaps the first two dimensions, bhsd is (b, heads, seq, d).
 
@@ -123,10 +141,17 @@ class UlyssesGroup:
         """
         try:
             tag = resolve_tag(tag, x, mode, layout)
-            self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits,
-                              layout)
-            args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
-                    as_splits(head_splits, "head_splits"), layout, self.rank)
+            self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
+            args = (
+                x,
+                as_mode(mode),
+                tag,
+                self.group_name,
+                as_splits(seq_splits, "seq_splits"),
+                as_splits(head_splits, "head_splits"),
+                layout,
+                self.rank,
+            )
             if out is not None:
                 return self._into(args, out)
             if torch.compiler.is_compiling():
@@ -156,21 +181,30 @@ class UlyssesGroup:
         """The owned call into the caller's `out` (the op checks it before anything is sent)."""
         x = args[0]
         if not isinstance(out, torch.Tensor):
-            raise FastUlyssesError(f"out is a {type(out).__name__}: it must be a torch.Tensor "
-                                   "(or None)")
+            raise FastUlyssesError(
+                f"out is a {type(out).__name__}: it must be a torch.Tensor (or None)"
+            )
         if x.requires_grad and torch.is_grad_enabled():
-            raise FastUlyssesError("out= with an input that requires grad: out= records no "
-                                   "backward; call without out= when gradients are needed")
+            raise FastUlyssesError(
+                "out= with an input that requires grad: out= records no "
+                "backward; call without out= when gradients are needed"
+            )
         if torch.compiler.is_compiling():  # traced as the owned op and a copy
             return out.copy_(ops.all_to_all_single_4d(*args))
         result = cuda_module.owned_out(*args, out)
-        return ops.all_to_all_single_4d_out(*args, out=out) if result is NotImplemented \
-            else result
+        return ops.all_to_all_single_4d_out(*args, out=out) if result is NotImplemented else result
 
-    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
-                                      seq_splits: Sequence[int] | None = None,
-                                      head_splits: Sequence[int] | None = None,
-                                      layout: str = "bshd", barrier: bool = True) -> torch.Tensor:
+    def all_to_all_single_4d_borrowed(
+        self,
+        x: torch.Tensor,
+        mode: int,
+        tag: str,
+        *,
+        seq_splits: Sequence[int] | None = None,
+        head_splits: Sequence[int] | None = None,
+        layout: str = "bshd",
+        barrier: bool = True,
+    ) -> torch.Tensor:
         """Like all_to_all_single_4d, but returns this rank's receive window for `tag` itself:
         one copy less, valid until the next call with the same tag (other tags leave it alone).
         With barrier=True (and peers, in eager mode) it is an `AsyncCollectiveTensor` whose
@@ -194,17 +228,34 @@ class UlyssesGroup:
             check_borrowed_tag(tag)
             check_borrowed_grad(x)
             if torch.compiler.is_compiling():
-                return self.all_to_all_single_4d(x, mode, tag, seq_splits=seq_splits,
-                                                 head_splits=head_splits, layout=layout)
-            self._before_call("all_to_all_single_4d_borrowed", x, mode, tag, seq_splits,
-                              head_splits, layout, barrier)
-            args = (x, as_mode(mode), tag, self.group_name, as_splits(seq_splits, "seq_splits"),
-                    as_splits(head_splits, "head_splits"), layout, bool(barrier), self.rank)
+                return self.all_to_all_single_4d(
+                    x, mode, tag, seq_splits=seq_splits, head_splits=head_splits, layout=layout
+                )
+            self._before_call(
+                "all_to_all_single_4d_borrowed",
+                x,
+                mode,
+                tag,
+                seq_splits,
+                head_splits,
+                layout,
+                barrier,
+            )
+            args = (
+                x,
+                as_mode(mode),
+                tag,
+                self.group_name,
+                as_splits(seq_splits, "seq_splits"),
+                as_splits(head_splits, "head_splits"),
+                layout,
+                bool(barrier),
+                self.rank,
+            )
             # The typed entry (below autograd: the op's Autograd kernel only applies the rule
             # checked above), or torch.ops (through that kernel) where it declines.
             result = cuda_module.borrowed(*args)
-            return ops.all_to_all_single_4d_borrowed(*args) if result is NotImplemented \
-                else result
+            return ops.all_to_all_single_4d_borrowed(*args) if result is NotImplemented else result
         except ValueError as error:
             raise refused(error) from None
 
@@ -232,6 +283,7 @@ class UlyssesGroup:
         """
         self._check_live()
         from .validation import window_bytes_by_tag
+
         sizes = window_bytes_by_tag(calls, self.world_size, self.rank)
         tags = sorted(sizes)
         ops.reserve(self.group_name, tags, [sizes[t] for t in tags])
@@ -266,8 +318,14 @@ class UlyssesGroup:
         unregister_debugged(self)
 
     def __repr__(self) -> str:
-        return group_repr("UlyssesGroup", self.rank, self.world_size, False, device=self.device,
-                          destroyed=self._destroyed)
+        return group_repr(
+            "UlyssesGroup",
+            self.rank,
+            self.world_size,
+            False,
+            device=self.device,
+            destroyed=self._destroyed,
+        )
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -279,9 +337,21 @@ class UlyssesGroup:
         self._check_live()
         if self._debug:  # every rank learns of every rank's problem: all raise, none waits
             self._calls += 1
-            check_agreement(self.process_group, self.rank, self.world_size, self._calls, name,
-                            x, mode, tag, seq_splits, head_splits, layout, extra,
-                            check_device=lambda t: self._check_tensor(t, device=True))
+            check_agreement(
+                self.process_group,
+                self.rank,
+                self.world_size,
+                self._calls,
+                name,
+                x,
+                mode,
+                tag,
+                seq_splits,
+                head_splits,
+                layout,
+                extra,
+                check_device=lambda t: self._check_tensor(t, device=True),
+            )
         else:
             self._check_tensor(x)
             check_tag(tag)
@@ -295,14 +365,16 @@ class UlyssesGroup:
             ops.check_device(self.group_name, x)
 
 
-def _check_decision(group: dist.ProcessGroup, device: torch.device,
-                    decision: Decision | None, topology) -> None:
+def _check_decision(
+    group: dist.ProcessGroup, device: torch.device, decision: Decision | None, topology
+) -> None:
     """Refuses what the transport cannot serve, judged on one topology gathered over the group,
     so every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
     the collective rendezvous)."""
     if (decision is None) != (topology is None):
-        raise FastUlyssesError("UlyssesGroup takes decision and topology together (make_group passes "
-                         "both) or neither")
+        raise FastUlyssesError(
+            "UlyssesGroup takes decision and topology together (make_group passes both) or neither"
+        )
     if decision is None:
         from .topology_probe import gather_topology
 
@@ -310,8 +382,10 @@ def _check_decision(group: dist.ProcessGroup, device: torch.device,
             topology = gather_topology(group)
         decision = decide(topology, "fast")  # raises where the fast path cannot run
     if not decision.use_fast:
-        raise FastUlyssesError(f"UlyssesGroup was handed a decision for the fallback "
-                         f"({decision.reason!r}): build TorchUlyssesGroup, or call make_group")
+        raise FastUlyssesError(
+            f"UlyssesGroup was handed a decision for the fallback "
+            f"({decision.reason!r}): build TorchUlyssesGroup, or call make_group"
+        )
     if shared_gpu_pair(topology) is not None:
         _allow_shared_gpu()
 
@@ -322,6 +396,8 @@ def _allow_shared_gpu() -> None:
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     if not _warned_shared_gpu:
         _warned_shared_gpu = True
-        warnings.warn("fast-ulysses: ranks share a GPU (FAST_ULYSSES_ALLOW_SHARED_GPU=1): a "
-                      "testing mode; results are correct, timings are not NVLink timings",
-                      stacklevel=3)
+        warnings.warn(
+            "fast-ulysses: ranks share a GPU (FAST_ULYSSES_ALLOW_SHARED_GPU=1): a "
+            "testing mode; results are correct, timings are not NVLink timings",
+            stacklevel=3,
+        )

@@ -35,8 +35,10 @@ def check_pipeline(pipeline) -> int:
         FastUlyssesError naming the value.
     """
     if type(pipeline) is not int or pipeline < 1:
-        raise FastUlyssesError(f"pipeline is {pipeline!r}: it must be an int >= 1, the number "
-                               "of head groups (1: no pipeline)")
+        raise FastUlyssesError(
+            f"pipeline is {pipeline!r}: it must be an int >= 1, the number "
+            "of head groups (1: no pipeline)"
+        )
     return pipeline
 
 
@@ -83,7 +85,8 @@ def head_groups(q_splits: tuple, kv_heads: int, pipeline: int) -> tuple:
         raise FastUlyssesError(
             f"pipeline is {pipeline} but no rank holds more than {most} q heads (head splits "
             f"{list(q_splits)}): pipeline must be at most the largest per-rank head count, so "
-            "that every head group has a head")
+            "that every head group has a head"
+        )
     # Whole kv groups where every rank's heads are whole kv groups and G allows it.
     unit = ratio if all(h % ratio == 0 for h in q_splits) and pipeline <= most // ratio else 1
     cut = [[unit * c for c in _parts(h // unit, pipeline)] for h in q_splits]
@@ -104,8 +107,9 @@ def _head_group(q_start: int, q_splits: tuple, ratio: int) -> HeadGroup:
             continue
         lo, hi = offset // ratio, (offset + h - 1) // ratio + 1
         ranges.append((lo, hi))
-        counts.append(tuple(min(offset + h, (c + 1) * ratio) - max(offset, c * ratio)
-                            for c in range(lo, hi)))
+        counts.append(
+            tuple(min(offset + h, (c + 1) * ratio) - max(offset, c * ratio) for c in range(lo, hi))
+        )
         offset += h
     pieces: list[list[int]] = []
     for lo, hi in ranges:
@@ -115,11 +119,17 @@ def _head_group(q_start: int, q_splits: tuple, ratio: int) -> HeadGroup:
             pieces[-1][1] = hi
         else:
             pieces.append([lo, hi])
-    return HeadGroup(q_start=q_start, q_count=sum(q_splits), q_splits=q_splits,
-                     kv_ranges=tuple(ranges), kv_splits=tuple(hi - lo for lo, hi in ranges),
-                     pieces=tuple(tuple(p) for p in pieces), counts=tuple(counts),
-                     gqa=any(n > 1 for c in counts for n in c),
-                     uniform=all(len(set(c)) <= 1 for c in counts))
+    return HeadGroup(
+        q_start=q_start,
+        q_count=sum(q_splits),
+        q_splits=q_splits,
+        kv_ranges=tuple(ranges),
+        kv_splits=tuple(hi - lo for lo, hi in ranges),
+        pieces=tuple(tuple(p) for p in pieces),
+        counts=tuple(counts),
+        gqa=any(n > 1 for c in counts for n in c),
+        uniform=all(len(set(c)) <= 1 for c in counts),
+    )
 
 
 def kv_send(t: torch.Tensor, group: HeadGroup, h_dim: int) -> torch.Tensor:
@@ -147,5 +157,4 @@ def expand_kv(t: torch.Tensor, counts: tuple) -> torch.Tensor:
     if all(n == 1 for n in counts):
         return t
     b, _, s, d = t.shape
-    return torch.cat([t.narrow(1, c, 1).expand(b, n, s, d) for c, n in enumerate(counts)],
-                     dim=1)
+    return torch.cat([t.narrow(1, c, 1).expand(b, n, s, d) for c, n in enumerate(counts)], dim=1)

@@ -20,9 +20,17 @@ from .errors import FastUlyssesError, refused
 LAYOUTS = _C.LAYOUTS
 
 
-def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: int,
-                seq_splits: Sequence[int], head_splits: Sequence[int],
-                layout: str = "bshd") -> tuple[int, ...]:
+def input_shape(
+    world_size: int,
+    rank: int,
+    mode: int,
+    *,
+    batch: int,
+    head_dim: int,
+    seq_splits: Sequence[int],
+    head_splits: Sequence[int],
+    layout: str = "bshd",
+) -> tuple[int, ...]:
     """Rank `rank`'s input shape, in `layout` order, for a call with these explicit splits:
     the plan's own (csrc/plan), the one place a rank's shape is computed. Mode as for `plan`.
 
@@ -38,10 +46,11 @@ def input_shape(world_size: int, rank: int, mode: int, *, batch: int, head_dim: 
         splits = [as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits")]
         for values, name in zip(splits, ("seq_splits", "head_splits")):
             if values is None:
-                raise FastUlyssesError(f"{name} is None: input_shape takes explicit splits, one "
-                                       "per rank (e.g. fast_ulysses.presets.even_splits)")
-        shape, _ = _C.shapes(world_size, rank, mode, batch, head_dim, *splits,
-                             _layout(layout))
+                raise FastUlyssesError(
+                    f"{name} is None: input_shape takes explicit splits, one "
+                    "per rank (e.g. fast_ulysses.presets.even_splits)"
+                )
+        shape, _ = _C.shapes(world_size, rank, mode, batch, head_dim, *splits, _layout(layout))
     except ValueError as error:
         raise refused(error) from None
     return tuple(shape)
@@ -69,14 +78,25 @@ def limits() -> dict[str, int]:
     max_tags (distinct tags one group may use, csrc/plan/tag_rules.h)."""
     return dict(_C.LIMITS)
 
+
 # The dtype names plan() and CallSpec take besides a torch.dtype: short and torch spellings.
 DTYPE_NAMES = {
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2, "float8_e5m2": torch.float8_e5m2,
-    "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "float8_e5m2": torch.float8_e5m2,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
 }
 
 
@@ -91,8 +111,9 @@ def resolve_dtype(dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype in DTYPE_NAMES:
         return DTYPE_NAMES[dtype]
-    raise FastUlyssesError(f"dtype is {dtype!r}: it must be a torch.dtype or one of "
-                     f"{', '.join(sorted(DTYPE_NAMES))}")
+    raise FastUlyssesError(
+        f"dtype is {dtype!r}: it must be a torch.dtype or one of {', '.join(sorted(DTYPE_NAMES))}"
+    )
 
 
 @dataclass(frozen=True)
@@ -124,8 +145,21 @@ class Plan(list):
     """The descriptors of one rank (a list, rank order, self included) plus what the plan knows
     about the call: shapes, resolved splits and the window bytes every rank reserves."""
 
-    def __init__(self, descriptors, *, world_size, rank, mode, layout, input_shape,
-                 output_shape, seq_splits, head_splits, window_bytes, element_size):
+    def __init__(
+        self,
+        descriptors,
+        *,
+        world_size,
+        rank,
+        mode,
+        layout,
+        input_shape,
+        output_shape,
+        seq_splits,
+        head_splits,
+        window_bytes,
+        element_size,
+    ):
         super().__init__(descriptors)
         self.world_size = world_size
         self.rank = rank
@@ -151,17 +185,27 @@ def _element_size(dtype) -> int:
     if type(dtype) is int or (hasattr(dtype, "__index__") and not isinstance(dtype, bool)):
         return as_int(dtype, "dtype")  # an element size in bytes (the plan checks 1, 2 or 4)
     if isinstance(dtype, float):
-        raise FastUlyssesError(f"dtype is {dtype!r}: an element size must be an int (e.g. "
-                               "2), or give a torch.dtype or a name such as 'bf16'")
+        raise FastUlyssesError(
+            f"dtype is {dtype!r}: an element size must be an int (e.g. "
+            "2), or give a torch.dtype or a name such as 'bf16'"
+        )
     # The groups' own dtype rule (`_C.check_input`), on a Meta tensor: the same message for a
     # dtype the groups refuse (bool, complex, 8 bytes), not only for its byte count.
     meta = torch.empty((1, 1, 1, 1), dtype=resolve_dtype(dtype), device="meta")
     return _C.check_input(meta)
 
 
-def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
-         seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
-         layout: str = "bshd") -> Plan:
+def plan(
+    world_size: int,
+    rank: int,
+    mode: int,
+    shape: Sequence[int],
+    dtype,
+    *,
+    seq_splits: Sequence[int] | None = None,
+    head_splits: Sequence[int] | None = None,
+    layout: str = "bshd",
+) -> Plan:
     """The copy plan of rank `rank` for one all-to-all.
 
     Arguments:
@@ -190,20 +234,42 @@ def plan(world_size: int, rank: int, mode: int, shape: Sequence[int], dtype, *,
         shape = as_ints(shape, "shape")
         element_size = _element_size(dtype)
         rows, output_shape, seq, heads, window_bytes = ops.plan(
-            world_size, rank, mode, shape, element_size, as_splits(seq_splits, "seq_splits"),
-            as_splits(head_splits, "head_splits"), _layout(layout))
+            world_size,
+            rank,
+            mode,
+            shape,
+            element_size,
+            as_splits(seq_splits, "seq_splits"),
+            as_splits(head_splits, "head_splits"),
+            _layout(layout),
+        )
     except ValueError as error:
         raise refused(error) from None
     columns = _C.DESCRIPTOR_FIELDS  # the C++ column order, by name
     descriptors = [CopyDescriptor(**dict(zip(columns, row))) for row in rows.tolist()]
-    return Plan(descriptors, world_size=world_size, rank=rank, mode=mode, layout=layout,
-                input_shape=shape, output_shape=output_shape, seq_splits=seq,
-                head_splits=heads, window_bytes=window_bytes, element_size=element_size)
+    return Plan(
+        descriptors,
+        world_size=world_size,
+        rank=rank,
+        mode=mode,
+        layout=layout,
+        input_shape=shape,
+        output_shape=output_shape,
+        seq_splits=seq,
+        head_splits=heads,
+        window_bytes=window_bytes,
+        element_size=element_size,
+    )
 
 
-def simulate(inputs: Sequence[torch.Tensor], mode: int, *,
-             seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
-             layout: str = "bshd") -> list[torch.Tensor]:
+def simulate(
+    inputs: Sequence[torch.Tensor],
+    mode: int,
+    *,
+    seq_splits: Sequence[int] | None = None,
+    head_splits: Sequence[int] | None = None,
+    layout: str = "bshd",
+) -> list[torch.Tensor]:
     """Runs every rank's plan on CPU memory and returns every rank's output.
 
     `inputs[r]` is rank r's input (any device; it is copied to the CPU); `mode` is 0, 1 or a
@@ -227,29 +293,46 @@ def _simulate(inputs, mode, seq_splits, head_splits, layout) -> list[torch.Tenso
             raise TypeError
         inputs = list(inputs)
     except TypeError:
-        raise FastUlyssesError(f"inputs is a {type(inputs).__name__}: it must be a sequence of "
-                               "tensors, one per rank") from None
+        raise FastUlyssesError(
+            f"inputs is a {type(inputs).__name__}: it must be a sequence of tensors, one per rank"
+        ) from None
     world_size = len(inputs)
     if world_size == 0:
         raise FastUlyssesError("inputs is empty: pass one tensor per rank")
     for r, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
-            raise FastUlyssesError(f"inputs[{r}] is a {type(x).__name__}: it must be a "
-                                   "torch.Tensor, one per rank")
+            raise FastUlyssesError(
+                f"inputs[{r}] is a {type(x).__name__}: it must be a torch.Tensor, one per rank"
+            )
     dtype = inputs[0].dtype
     for r, x in enumerate(inputs):
         if x.dtype != dtype:
-            raise FastUlyssesError(f"inputs[{r}] has dtype {x.dtype} but inputs[0] has {dtype}: "
-                             "every rank must pass the same dtype")
+            raise FastUlyssesError(
+                f"inputs[{r}] has dtype {x.dtype} but inputs[0] has {dtype}: "
+                "every rank must pass the same dtype"
+            )
     host = [x.detach().to("cpu").contiguous() for x in inputs]
-    plans = [plan(world_size, r, mode, x.shape, dtype, seq_splits=seq_splits,
-                  head_splits=head_splits, layout=layout) for r, x in enumerate(host)]
+    plans = [
+        plan(
+            world_size,
+            r,
+            mode,
+            x.shape,
+            dtype,
+            seq_splits=seq_splits,
+            head_splits=head_splits,
+            layout=layout,
+        )
+        for r, x in enumerate(host)
+    ]
     # Every rank's window must be the same size: a rank-dependent input breaks that only when the
     # ranks disagree about the call, which the plan cannot see from one rank.
     sizes = {p.window_bytes for p in plans}
     if len(sizes) != 1:
-        raise FastUlyssesError(f"ranks disagree on the window size ({sorted(sizes)} bytes): their "
-                         "shapes and splits do not describe one all-to-all")
+        raise FastUlyssesError(
+            f"ranks disagree on the window size ({sorted(sizes)} bytes): their "
+            "shapes and splits do not describe one all-to-all"
+        )
     windows = [torch.empty(plans[0].window_bytes, dtype=torch.uint8) for _ in range(world_size)]
     for r, p in enumerate(plans):
         src = host[r].view(-1).view(torch.uint8)

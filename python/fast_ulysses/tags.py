@@ -58,6 +58,8 @@ def check_borrowed_tag(tag) -> None:
     """Borrowed calls need an explicit tag (`auto_tag` shares a window between same-shaped
     calls, which would overwrite each other's borrowed results)."""
     if tag is None:
-        raise FastUlyssesError("tag is None: a borrowed call needs an explicit tag (its result "
-                               "lives until the next call on the tag); tag=None is for "
-                               "all_to_all_single_4d")
+        raise FastUlyssesError(
+            "tag is None: a borrowed call needs an explicit tag (its result "
+            "lives until the next call on the tag); tag=None is for "
+            "all_to_all_single_4d"
+        )

@@ -196,8 +196,9 @@ def decide(topology: Topology | None, prefer: str = "auto") -> Decision:
         return Decision(False, blocker)
     loser = loses_reason(topology)
     if prefer == "fast":
-        return Decision(True, "prefer='fast'" + (f" (auto would fall back: {loser})" if loser
-                                                 else ""))
+        return Decision(
+            True, "prefer='fast'" + (f" (auto would fall back: {loser})" if loser else "")
+        )
     if loser:
         return Decision(False, loser)
     return Decision(True, _fast_summary(topology))
@@ -208,8 +209,9 @@ def settings_message(t: Topology) -> str:
     and which ranks), or for FAST_ULYSSES_DEBUG on some ranks only (with it, each call starts
     with a collective that ranks without it never join: they would wait for each other); ""
     when every rank's settings parse and agree."""
-    return agreement_message([info.debug for info in t.ranks],
-                         [info.settings_error for info in t.ranks])
+    return agreement_message(
+        [info.debug for info in t.ranks], [info.settings_error for info in t.ranks]
+    )
 
 
 def agreement_message(debug: Sequence[bool], errors: Sequence[str]) -> str:
@@ -225,16 +227,19 @@ def agreement_message(debug: Sequence[bool], errors: Sequence[str]) -> str:
     on = [r for r, flag in enumerate(debug) if flag]
     if on and len(on) < len(debug):
         off = [r for r, flag in enumerate(debug) if not flag]
-        return (f"{DEBUG_ENV}=1 on {_rank_list(on)} but not on {_rank_list(off)}: set it the "
-                f"same on every rank (each call of a group built with it first checks every "
-                f"rank's call collectively, which ranks without it never join)")
+        return (
+            f"{DEBUG_ENV}=1 on {_rank_list(on)} but not on {_rank_list(off)}: set it the "
+            f"same on every rank (each call of a group built with it first checks every "
+            f"rank's call collectively, which ranks without it never join)"
+        )
     return ""
 
 
 def cannot_run_message(blocker: str) -> str:
     """The one error for a fast group that cannot run: prefer="fast" or a direct UlyssesGroup."""
-    return (f"the fast path cannot run here: {blocker} (make_group() falls back to "
-            "TorchUlyssesGroup)")
+    return (
+        f"the fast path cannot run here: {blocker} (make_group() falls back to TorchUlyssesGroup)"
+    )
 
 
 def cannot_run_reason(t: Topology) -> str:
@@ -246,8 +251,10 @@ def cannot_run_reason(t: Topology) -> str:
         if info.cuda_load_error:
             return f"the extension's CUDA part did not load on rank {r}: {info.cuda_load_error}"
     if t.world_size > MAX_RANKS:
-        return (f"the group has {t.world_size} ranks: at most {MAX_RANKS} (one node), for the "
-                "fallback too (make_group raises)")
+        return (
+            f"the group has {t.world_size} ranks: at most {MAX_RANKS} (one node), for the "
+            "fallback too (make_group raises)"
+        )
     hosts = _ranks_by(t, lambda info: info.hostname)
     if len(hosts) > 1:
         where = "; ".join(f"{h}: ranks {_ranks_text(rs)}" for h, rs in hosts.items())
@@ -255,15 +262,19 @@ def cannot_run_reason(t: Topology) -> str:
     shared = shared_gpu_pair(t)
     if shared and not all(info.allow_shared_gpu for info in t.ranks):
         a, b = shared
-        return (f"ranks {a} and {b} share one GPU ({t.ranks[a].label(a)}): set "
-                f"{SHARED_GPU_ENV}=1 on every rank to use the fast path anyway (a test set-up: "
-                "correct, but not NVLink speed)")
+        return (
+            f"ranks {a} and {b} share one GPU ({t.ranks[a].label(a)}): set "
+            f"{SHARED_GPU_ENV}=1 on every rank to use the fast path anyway (a test set-up: "
+            "correct, but not NVLink speed)"
+        )
     unmappable = [p for p in t.all_pairs() if not p.can_map and p.link != "same-device"]
     if unmappable:
         p = unmappable[0]
         more = f" (and {len(unmappable) - 1} more pairs)" if len(unmappable) > 1 else ""
-        return (f"the GPUs of {t.ranks[p.a].label(p.a)} and {t.ranks[p.b].label(p.b)} cannot "
-                f"map each other's memory (no P2P, link {p.link}){more}")
+        return (
+            f"the GPUs of {t.ranks[p.a].label(p.a)} and {t.ranks[p.b].label(p.b)} cannot "
+            f"map each other's memory (no P2P, link {p.link}){more}"
+        )
     return ""
 
 
@@ -281,24 +292,30 @@ def loses_reason(t: Topology) -> str:
 def _across_sockets(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
     if not _differ(ra.cpu_socket, rb.cpu_socket):
         return ""
-    return (f"the group's GPUs span CPU sockets {ra.cpu_socket} and {rb.cpu_socket} over "
-            f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross the "
-            "inter-socket link")
+    return (
+        f"the group's GPUs span CPU sockets {ra.cpu_socket} and {rb.cpu_socket} over "
+        f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross the "
+        "inter-socket link"
+    )
 
 
 def _across_numa(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
     if not _differ(ra.numa_node, rb.numa_node):
         return ""
-    return (f"the group's GPUs span NUMA nodes {ra.numa_node} and {rb.numa_node} over "
-            f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross NUMA "
-            "nodes")
+    return (
+        f"the group's GPUs span NUMA nodes {ra.numa_node} and {rb.numa_node} over "
+        f"{_over(p)} ({ra.label(p.a)} and {rb.label(p.b)}): peer writes would cross NUMA "
+        "nodes"
+    )
 
 
 def _across_sys_path(ra: RankInfo, rb: RankInfo, p: PairInfo) -> str:
     if p.pcie_path != "SYS":
         return ""
-    return (f"the PCIe path between {ra.label(p.a)} and {rb.label(p.b)} crosses the "
-            "inter-socket link (NVML: SYS): peer writes would cross CPU sockets")
+    return (
+        f"the PCIe path between {ra.label(p.a)} and {rb.label(p.b)} crosses the "
+        "inter-socket link (NVML: SYS): peer writes would cross CPU sockets"
+    )
 
 
 def _over(p: PairInfo) -> str:

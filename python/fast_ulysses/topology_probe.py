@@ -55,9 +55,13 @@ def local_rank_info(index: int | None = None) -> RankInfo:
     # A refused setting is reported, not raised: every rank of the gather raises for it
     # (topology.decide), none alone. (The shared-GPU switch is then not read: it may be the one.)
     refused = settings_error()
-    base = dict(hostname=socket.gethostname(), cuda_load_error=cuda_load_error,
-                allow_shared_gpu=not refused and env_allows_shared_gpu(),
-                settings_error=refused, debug=not refused and switch(DEBUG_ENV))
+    base = dict(
+        hostname=socket.gethostname(),
+        cuda_load_error=cuda_load_error,
+        allow_shared_gpu=not refused and env_allows_shared_gpu(),
+        settings_error=refused,
+        debug=not refused and switch(DEBUG_ENV),
+    )
     if visible_gpu_count() == 0:
         return RankInfo(**base)
     if index is None:
@@ -66,9 +70,16 @@ def local_rank_info(index: int | None = None) -> RankInfo:
     bus = bus_id_of(index)
     numa = sysfs_numa_node(bus)
     cpus = sysfs_local_cpulist(bus) or _node_cpulist(numa)
-    return RankInfo(gpu_index=index, gpu_name=props.name, pci_bus_id=bus,
-                    uuid=str(getattr(props, "uuid", "")).removeprefix("GPU-"), numa_node=numa,
-                    cpu_socket=socket_of_cpulist(cpus), cpu_affinity=cpus, **base)
+    return RankInfo(
+        gpu_index=index,
+        gpu_name=props.name,
+        pci_bus_id=bus,
+        uuid=str(getattr(props, "uuid", "")).removeprefix("GPU-"),
+        numa_node=numa,
+        cpu_socket=socket_of_cpulist(cpus),
+        cpu_affinity=cpus,
+        **base,
+    )
 
 
 def bus_id_of(index: int) -> str:
@@ -111,7 +122,7 @@ def socket_of_cpulist(cpulist: str) -> int | None:
 
 
 def parse_cpulist(cpulist: str) -> list[int]:
-    """"0-3,8" -> [0, 1, 2, 3, 8]; malformed parts are skipped."""
+    """ "0-3,8" -> [0, 1, 2, 3, 8]; malformed parts are skipped."""
     cpus: list[int] = []
     for part in cpulist.strip().split(","):
         lo, _, hi = part.partition("-")
@@ -141,8 +152,9 @@ def pair_info(infos: list[RankInfo], a: int, b: int, nvml: Nvml) -> PairInfo:
     if probed is not None:
         can_map, link, path = probed
         return PairInfo(a, b, can_map=can_map, link=link, pcie_path=path)
-    return PairInfo(a, b, can_map=bool(torch_can_access(ra.pci_bus_id, rb.pci_bus_id)),
-                    link="unknown")
+    return PairInfo(
+        a, b, can_map=bool(torch_can_access(ra.pci_bus_id, rb.pci_bus_id)), link="unknown"
+    )
 
 
 def gather_topology(process_group=None) -> Topology:
@@ -175,8 +187,11 @@ def visible_topology() -> Topology:
     """The topology of one rank per GPU this process sees (what `doctor` judges)."""
     infos = [local_rank_info(i) for i in range(visible_gpu_count())]
     with Nvml() as nvml:
-        pairs = [pair_info(infos, a, b, nvml)
-                 for a in range(len(infos)) for b in range(a + 1, len(infos))]
+        pairs = [
+            pair_info(infos, a, b, nvml)
+            for a in range(len(infos))
+            for b in range(a + 1, len(infos))
+        ]
     if not infos:
         infos = [local_rank_info()]
     return Topology(tuple(infos), tuple(pairs))
@@ -220,8 +235,9 @@ class Nvml:
             hb = n.nvmlDeviceGetHandleByPciBusId(bus_b)
             ok = n.NVML_P2P_STATUS_OK
             read = n.nvmlDeviceGetP2PStatus(ha, hb, n.NVML_P2P_CAPS_INDEX_READ) == ok
-            nvlink = (n.nvmlDeviceGetP2PStatus(ha, hb, n.NVML_P2P_CAPS_INDEX_NVLINK) == ok
-                      or self._nvlink_to(ha, bus_b))
+            nvlink = n.nvmlDeviceGetP2PStatus(
+                ha, hb, n.NVML_P2P_CAPS_INDEX_NVLINK
+            ) == ok or self._nvlink_to(ha, bus_b)
             path = _PATH_NAMES.get(int(n.nvmlDeviceGetTopologyCommonAncestor(ha, hb)), "")
         except n.NVMLError:
             return None

@@ -70,8 +70,9 @@ def _agreed_settings(process_group, world_size: int) -> tuple[bool, bool]:
     if world_size > 1:
         everyone = [None] * world_size
         dist.all_gather_object(everyone, (debug, check, error), group=process_group)
-    message = (agreement_message([d for d, _, _ in everyone], [e for _, _, e in everyone])
-               or _check_calls_message([c for _, c, _ in everyone]))
+    message = agreement_message(
+        [d for d, _, _ in everyone], [e for _, _, e in everyone]
+    ) or _check_calls_message([c for _, c, _ in everyone])
     if message:
         raise FastUlyssesError(message)
     return debug, check
@@ -83,9 +84,11 @@ def _check_calls_message(check: list[bool]) -> str:
     if not off or len(off) == len(check):
         return ""
     on = [r for r, flag in enumerate(check) if flag]
-    return (f"{CHECK_CALLS_ENV}=0 on {_rank_list(off)} but not on {_rank_list(on)}: set it the "
-            f"same on every rank (with it on, each call of the group first compares every "
-            f"rank's call in a collective, which ranks with it off never join)")
+    return (
+        f"{CHECK_CALLS_ENV}=0 on {_rank_list(off)} but not on {_rank_list(on)}: set it the "
+        f"same on every rank (with it on, each call of the group first compares every "
+        f"rank's call in a collective, which ranks with it off never join)"
+    )
 
 
 class TorchUlyssesGroup:
@@ -129,8 +132,10 @@ class TorchUlyssesGroup:
         if process_group is None:
             process_group = dist.group.WORLD
         if process_group is None:
-            raise RuntimeError("TorchUlyssesGroup needs torch.distributed initialised: call "
-                               "torch.distributed.init_process_group first")
+            raise RuntimeError(
+                "TorchUlyssesGroup needs torch.distributed initialised: call "
+                "torch.distributed.init_process_group first"
+            )
         as_pool_bytes(initial_pool_bytes)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
@@ -139,9 +144,11 @@ class TorchUlyssesGroup:
         _C.check_group(self.world_size, self.rank)
         self.initial_pool_bytes = initial_pool_bytes
         if decision is not None and decision.use_fast:
-            raise FastUlyssesError(f"TorchUlyssesGroup was handed a decision for the fast group "
-                                   f"({decision.reason!r}): build UlyssesGroup, or call "
-                                   f"make_group")
+            raise FastUlyssesError(
+                f"TorchUlyssesGroup was handed a decision for the fast group "
+                f"({decision.reason!r}): build UlyssesGroup, or call "
+                f"make_group"
+            )
         self.fallback_reason = "requested" if decision is None else decision.reason
         self._destroyed = False
         self._debug, check = _agreed_settings(process_group, self.world_size)
@@ -160,9 +167,17 @@ class TorchUlyssesGroup:
         self._deferred: set[str] = set()
         self._sealed = False
 
-    def all_to_all_single_4d(self, x: torch.Tensor, mode: int, tag: str | None = None, *,
-                             seq_splits=None, head_splits=None, layout: str = "bshd",
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+    def all_to_all_single_4d(
+        self,
+        x: torch.Tensor,
+        mode: int,
+        tag: str | None = None,
+        *,
+        seq_splits=None,
+        head_splits=None,
+        layout: str = "bshd",
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One Ulysses all-to-all; collective: every rank makes the same call.
 
         Arguments:
@@ -195,20 +210,35 @@ class TorchUlyssesGroup:
             check, see the module's docstring); after `destroy()`.
         """
         try:
-            tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None,
-                                   out)
+            tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out)
             if out is not None:
                 return _exchange(x, p, self.process_group, out)
             if not (x.requires_grad and torch.is_grad_enabled()):
                 return _exchange(x, p, self.process_group)
-            return TorchAllToAll.apply(x, self, lambda: _exchange(x, p, self.process_group),
-                                       p.mode, tag, seq_splits, head_splits, layout)
+            return TorchAllToAll.apply(
+                x,
+                self,
+                lambda: _exchange(x, p, self.process_group),
+                p.mode,
+                tag,
+                seq_splits,
+                head_splits,
+                layout,
+            )
         except ValueError as error:
             raise refused(error) from None
 
-    def all_to_all_single_4d_borrowed(self, x: torch.Tensor, mode: int, tag: str, *,
-                                      seq_splits=None, head_splits=None, layout: str = "bshd",
-                                      barrier: bool = True) -> torch.Tensor:
+    def all_to_all_single_4d_borrowed(
+        self,
+        x: torch.Tensor,
+        mode: int,
+        tag: str,
+        *,
+        seq_splits=None,
+        head_splits=None,
+        layout: str = "bshd",
+        barrier: bool = True,
+    ) -> torch.Tensor:
         """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
         ready when the call returns, whatever `barrier` says. The rules are UlyssesGroup's all
         the same: the tag must be given, an input that requires grad is refused
@@ -217,8 +247,9 @@ class TorchUlyssesGroup:
         the rest of the call). Arguments, returns and raises as `all_to_all_single_4d`
         (without `out`)."""
         try:
-            tag, p = self._checked(BORROWED, x, mode, tag, seq_splits, head_splits, layout,
-                                   bool(barrier), None)
+            tag, p = self._checked(
+                BORROWED, x, mode, tag, seq_splits, head_splits, layout, bool(barrier), None
+            )
             result = _exchange(x, p, self.process_group)
         except ValueError as error:
             raise refused(error) from None
@@ -270,8 +301,7 @@ class TorchUlyssesGroup:
         `used_bytes`, `segments`), no call is issued from a cached graph (the graph counts) and
         there is no handshake (`wide_flags`)."""
         self._check_alive()
-        own = {"sealed": self._sealed, "tags": len(self._windows),
-               "deferred": len(self._deferred)}
+        own = {"sealed": self._sealed, "tags": len(self._windows), "deferred": len(self._deferred)}
         return {key: own.get(key, 0) for key in _C.GROUP_STATS_KEYS}
 
     def destroy(self) -> None:
@@ -280,8 +310,14 @@ class TorchUlyssesGroup:
         self._destroyed = True
 
     def __repr__(self) -> str:
-        return group_repr("TorchUlyssesGroup", self.rank, self.world_size, True,
-                          reason=self.fallback_reason, destroyed=self._destroyed)
+        return group_repr(
+            "TorchUlyssesGroup",
+            self.rank,
+            self.world_size,
+            True,
+            reason=self.fallback_reason,
+            destroyed=self._destroyed,
+        )
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -293,22 +329,36 @@ class TorchUlyssesGroup:
         ValueError (the entry points make it a FastUlyssesError)."""
         self._check_alive()
         if self._check:
-            return self._commit(self._agree(name, x, mode, tag, seq_splits, head_splits, layout,
-                                            barrier, out))
+            return self._commit(
+                self._agree(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
+            )
         if not self._debug:
-            return self._commit(self._prepare(name, x, mode, tag, seq_splits, head_splits,
-                                              layout, out))
+            return self._commit(
+                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out)
+            )
         if name == OWNED and tag is None and isinstance(x, torch.Tensor):
             tag = resolve_tag(tag, x, mode, layout)
         prepared = []
         self._calls += 1
         # Every check of `_prepare` runs inside check_agreement's, so that a rank that refuses
         # its own call (its out=, a tag rule) still joins the gather and every rank raises.
-        check_agreement(self.process_group, self.rank, self.world_size, self._calls, name, x,
-                        mode, tag, seq_splits, head_splits, layout,
-                        () if barrier is None else (barrier,),
-                        check_device=lambda _: prepared.append(self._prepare(
-                            name, x, mode, tag, seq_splits, head_splits, layout, out)))
+        check_agreement(
+            self.process_group,
+            self.rank,
+            self.world_size,
+            self._calls,
+            name,
+            x,
+            mode,
+            tag,
+            seq_splits,
+            head_splits,
+            layout,
+            () if barrier is None else (barrier,),
+            check_device=lambda _: prepared.append(
+                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out)
+            ),
+        )
         return self._commit(prepared[0])
 
     def _prepare(self, name, x, mode, tag, seq_splits, head_splits, layout, out):
@@ -321,8 +371,15 @@ class TorchUlyssesGroup:
         else:
             tag = resolve_tag(tag, x, mode, layout)
         check_tag(tag)
-        p = plan_call(x, self.world_size, self.rank, mode, seq_splits=seq_splits,
-                      head_splits=head_splits, layout=layout)
+        p = plan_call(
+            x,
+            self.world_size,
+            self.rank,
+            mode,
+            seq_splits=seq_splits,
+            head_splits=head_splits,
+            layout=layout,
+        )
         self._use_tag(tag)
         held = self._windows.get(tag, -1)
         window = None
@@ -356,10 +413,12 @@ class TorchUlyssesGroup:
             device = _default_device(self._gather_type)
         rows = self._rows.get(device)
         if rows is None:
-            rows = self._rows[device] = torch.empty(self.world_size * self._row_size,
-                                                    dtype=torch.int64, device=device)
-        dist.all_gather_into_tensor(rows, torch.tensor(row, dtype=torch.int64, device=device),
-                                    group=self.process_group)
+            rows = self._rows[device] = torch.empty(
+                self.world_size * self._row_size, dtype=torch.int64, device=device
+            )
+        dist.all_gather_into_tensor(
+            rows, torch.tensor(row, dtype=torch.int64, device=device), group=self.process_group
+        )
         everyone = rows.view(self.world_size, self._row_size).tolist()
         first = everyone[0]
         if first[0] or any(other != first for other in everyone[1:]):
@@ -368,8 +427,11 @@ class TorchUlyssesGroup:
             if barrier is not None:
                 call = f"{call[:-1]}, barrier={barrier})"
             if out is not None:
-                shown = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) \
+                shown = (
+                    f"{tuple(out.shape)} {out.dtype}"
+                    if isinstance(out, torch.Tensor)
                     else type(out).__name__
+                )
                 call = f"{call[:-1]}, out={shown})"
             self._refuse(everyone, call, mine, seq_splits is None, head_splits is None)
         return prepared
@@ -383,8 +445,7 @@ class TorchUlyssesGroup:
             raise mine
         error = "" if mine is None else (str(mine) or type(mine).__name__)
         calls = [None] * self.world_size
-        dist.all_gather_object(calls, (call, error, seq_none, head_none),
-                               group=self.process_group)
+        dist.all_gather_object(calls, (call, error, seq_none, head_none), group=self.process_group)
         raise FastUlyssesError(_refusal(self._calls, rows, calls)) from mine
 
     def _use_tag(self, tag: str) -> None:
@@ -396,15 +457,27 @@ class TorchUlyssesGroup:
 
     def _check_alive(self) -> None:
         if self._destroyed:
-            raise FastUlyssesError("this TorchUlyssesGroup was destroyed: build a new group "
-                                   "with fast_ulysses.make_group")
+            raise FastUlyssesError(
+                "this TorchUlyssesGroup was destroyed: build a new group "
+                "with fast_ulysses.make_group"
+            )
 
 
 # -- the call check's row ----------------------------------------------------------------------
 
 # The row's fixed fields; the plan's resolved seq_splits and head_splits (P each) follow.
-_HEADER = ("invalid", "entry point", "mode", "layout", "tag", "dtype", "batch", "head_dim",
-           "window bytes", "barrier")
+_HEADER = (
+    "invalid",
+    "entry point",
+    "mode",
+    "layout",
+    "tag",
+    "dtype",
+    "batch",
+    "head_dim",
+    "window bytes",
+    "barrier",
+)
 _WINDOW, _BARRIER = _HEADER.index("window bytes"), _HEADER.index("barrier")
 _ENTRY_CODES = {OWNED: 0, BORROWED: 1}
 _LAYOUT_CODES = {name: code for code, name in enumerate(LAYOUTS)}
@@ -426,9 +499,20 @@ def _dtype_code(dtype: torch.dtype) -> int:
 def _row(name: str, p: Plan, tag: str, dtype: torch.dtype, barrier) -> list[int]:
     """What this rank believes the call is, as the call check compares it."""
     shape = p.input_shape
-    return [0, _ENTRY_CODES[name], p.mode, _LAYOUT_CODES[p.layout], _tag_code(tag),
-            _dtype_code(dtype), shape[p.layout.index("b")], shape[3], p.window_bytes,
-            -1 if barrier is None else int(barrier), *p.seq_splits, *p.head_splits]
+    return [
+        0,
+        _ENTRY_CODES[name],
+        p.mode,
+        _LAYOUT_CODES[p.layout],
+        _tag_code(tag),
+        _dtype_code(dtype),
+        shape[p.layout.index("b")],
+        shape[3],
+        p.window_bytes,
+        -1 if barrier is None else int(barrier),
+        *p.seq_splits,
+        *p.head_splits,
+    ]
 
 
 def _refusal(index: int, rows: list[list[int]], calls: list[tuple]) -> str:
@@ -440,38 +524,48 @@ def _refusal(index: int, rows: list[list[int]], calls: list[tuple]) -> str:
         alike: dict[tuple[str, str], list[int]] = {}
         for r in bad:
             alike.setdefault(calls[r][:2], []).append(r)
-        parts = [f"{_rank_list(ranks)} called {call}, which is invalid: {error}"
-                 for (call, error), ranks in alike.items()]
+        parts = [
+            f"{_rank_list(ranks)} called {call}, which is invalid: {error}"
+            for (call, error), ranks in alike.items()
+        ]
         good = [r for r, error in enumerate(errors) if not error]
         if good:
             parts.append(f"rank {good[0]} called {calls[good[0]][0]}")
         return f"call #{index} was refused on every rank: " + "; ".join(parts)
     peer = next(r for r in range(1, len(rows)) if rows[r] != rows[0])
-    return (f"call #{index} differs across ranks: rank 0 called {calls[0][0]} but rank {peer} "
-            f"called {calls[peer][0]}: {_differences(rows[0], rows[peer], peer, calls)}")
+    return (
+        f"call #{index} differs across ranks: rank 0 called {calls[0][0]} but rank {peer} "
+        f"called {calls[peer][0]}: {_differences(rows[0], rows[peer], peer, calls)}"
+    )
 
 
 def _differences(a: list[int], b: list[int], peer: int, calls: list[tuple]) -> str:
     """How rank 0's row `a` and rank `peer`'s row `b` differ, in words (the window bytes, which
     follow from the rest, last)."""
+
     def both(x, y):
         return f"{x} on rank 0, {y} on rank {peer}"
 
-    parts = [f"{field} ({both(a[k], b[k])})" if field in _SHOWN else field
-             for k, field in enumerate(_HEADER[:_WINDOW]) if k and a[k] != b[k]]
+    parts = [
+        f"{field} ({both(a[k], b[k])})" if field in _SHOWN else field
+        for k, field in enumerate(_HEADER[:_WINDOW])
+        if k and a[k] != b[k]
+    ]
     if a[_BARRIER] != b[_BARRIER] and min(a[_BARRIER], b[_BARRIER]) >= 0:  # -1: owned
         parts.append(f"barrier ({both(bool(a[_BARRIER]), bool(b[_BARRIER]))})")
     world, start = (len(a) - len(_HEADER)) // 2, len(_HEADER)
     hints = []
     same_call = a[1:4] == b[1:4]  # entry point, mode and layout: the splits mean the same
     for which, at, none in (("seq_splits", start, 2), ("head_splits", start + world, 3)):
-        mine, theirs = a[at:at + world], b[at:at + world]
+        mine, theirs = a[at : at + world], b[at : at + world]
         if mine != theirs:
             parts.append(f"the resolved {which} ({both(mine, theirs)})")
             if same_call and any(call[none] for call in calls):
-                hints.append(f"{which}=None means an even split: ranks whose "
-                             f"{'rows' if which == 'seq_splits' else 'heads'} differ must pass "
-                             f"{which}, the same list on every rank")
+                hints.append(
+                    f"{which}=None means an even split: ranks whose "
+                    f"{'rows' if which == 'seq_splits' else 'heads'} differ must pass "
+                    f"{which}, the same list on every rank"
+                )
     if a[_WINDOW] != b[_WINDOW]:
         parts.append(f"window bytes ({both(a[_WINDOW], b[_WINDOW])})")
     return "they differ in " + ", ".join(parts) + (f" ({'; '.join(hints)})" if hints else "")
@@ -497,29 +591,44 @@ def _check_out(out, x: torch.Tensor, p: Plan) -> None:
     dtype, the call's output shape, contiguous, sharing no bytes with x (FastUlyssesError
     naming the mismatch)."""
     if not isinstance(out, torch.Tensor):
-        raise FastUlyssesError(f"out is a {type(out).__name__}: it must be a torch.Tensor "
-                               "(or None)")
+        raise FastUlyssesError(
+            f"out is a {type(out).__name__}: it must be a torch.Tensor (or None)"
+        )
     if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
         which = "an input that requires grad" if x.requires_grad else "an out that requires grad"
-        raise FastUlyssesError(f"out= with {which}: out= records no backward; call without "
-                               "out= when gradients are needed")
+        raise FastUlyssesError(
+            f"out= with {which}: out= records no backward; call without "
+            "out= when gradients are needed"
+        )
     if out.device != x.device:
-        raise FastUlyssesError(f"out is on {out.device} but x is on {x.device}: out must be on "
-                               "x's device")
+        raise FastUlyssesError(
+            f"out is on {out.device} but x is on {x.device}: out must be on x's device"
+        )
     if out.dtype != x.dtype:
-        raise FastUlyssesError(f"out has dtype {out.dtype} but x has {x.dtype}: out must have "
-                               "x's dtype")
+        raise FastUlyssesError(
+            f"out has dtype {out.dtype} but x has {x.dtype}: out must have x's dtype"
+        )
     if tuple(out.shape) != p.output_shape:
-        raise FastUlyssesError(f"out has shape {list(out.shape)} but the call's output is "
-                               f"{list(p.output_shape)}: out must have the output's shape")
+        raise FastUlyssesError(
+            f"out has shape {list(out.shape)} but the call's output is "
+            f"{list(p.output_shape)}: out must have the output's shape"
+        )
     if not out.is_contiguous():
-        raise FastUlyssesError(f"out (shape {list(out.shape)}, strides {list(out.stride())}) "
-                               "is not contiguous: out must be a contiguous tensor")
+        raise FastUlyssesError(
+            f"out (shape {list(out.shape)}, strides {list(out.stride())}) "
+            "is not contiguous: out must be a contiguous tensor"
+        )
     size = x.element_size()
-    if out.numel() and x.numel() and out.data_ptr() < x.data_ptr() + x.numel() * size \
-            and x.data_ptr() < out.data_ptr() + out.numel() * size:
-        raise FastUlyssesError("out overlaps x in memory: the call reads x while it writes out; "
-                               "pass an out that shares no bytes with x")
+    if (
+        out.numel()
+        and x.numel()
+        and out.data_ptr() < x.data_ptr() + x.numel() * size
+        and x.data_ptr() < out.data_ptr() + out.numel() * size
+    ):
+        raise FastUlyssesError(
+            "out overlaps x in memory: the call reads x while it writes out; "
+            "pass an out that shares no bytes with x"
+        )
 
 
 def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
@@ -543,7 +652,7 @@ def _exchange(x: torch.Tensor, p: Plan, group, out: torch.Tensor | None = None) 
     in_bytes, offset = [], 0
     for start, count in _ranges(send_splits):
         chunk = xs.narrow(pos, start, count)
-        send[offset:offset + chunk.numel()].view(chunk.shape).copy_(chunk)
+        send[offset : offset + chunk.numel()].view(chunk.shape).copy_(chunk)
         offset += chunk.numel()
         in_bytes.append(chunk.numel() * es)
     out_c = [p.output_shape[k] for k in order]  # the output, cat dimension first
@@ -552,8 +661,9 @@ def _exchange(x: torch.Tensor, p: Plan, group, out: torch.Tensor | None = None) 
     if out is not None and all(p.output_shape[k] == 1 for k in range(order[0])):
         # The output in "cat first" order is out itself (only size-1 dimensions precede cat):
         # receive straight into it.
-        dist.all_to_all_single(out.view(-1).view(torch.uint8), send.view(torch.uint8),
-                               out_bytes, in_bytes, group=group)
+        dist.all_to_all_single(
+            out.view(-1).view(torch.uint8), send.view(torch.uint8), out_bytes, in_bytes, group=group
+        )
         return out
     recv = funcol.all_to_all_single(send.view(torch.uint8), out_bytes, in_bytes, group)
     if isinstance(recv, funcol.AsyncCollectiveTensor):

@@ -39,8 +39,16 @@ def check_input(x: torch.Tensor) -> int:
 
 
 @torch.compiler.disable  # host-side planning: its ops take no tensors, so it stays out of traces
-def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_splits=None,
-              head_splits=None, layout: str = "bshd") -> Plan:
+def plan_call(
+    x: torch.Tensor,
+    world_size: int,
+    rank: int,
+    mode: int,
+    *,
+    seq_splits=None,
+    head_splits=None,
+    layout: str = "bshd",
+) -> Plan:
     """Checks one call of this rank and returns its plan (resolved splits, output shape).
 
     Arguments:
@@ -55,8 +63,16 @@ def plan_call(x: torch.Tensor, world_size: int, rank: int, mode: int, *, seq_spl
         ValueError from `check_input` or from the plan, with the plan's message.
     """
     element_size = check_input(x)  # (plan() takes the element size as it is)
-    return plan(world_size, rank, mode, tuple(x.shape), element_size, seq_splits=seq_splits,
-                head_splits=head_splits, layout=layout)
+    return plan(
+        world_size,
+        rank,
+        mode,
+        tuple(x.shape),
+        element_size,
+        seq_splits=seq_splits,
+        head_splits=head_splits,
+        layout=layout,
+    )
 
 
 @dataclass(frozen=True)
@@ -101,22 +117,29 @@ def as_call_spec(call, index: int) -> CallSpec:
         accepted = CALL_KEYS + OPTIONAL_CALL_KEYS
         for key in call:
             if key not in accepted:
-                raise FastUlyssesError(f"calls[{index}] has the unknown key {key!r}: a call dict "
-                                       f"takes {', '.join(accepted)}")
+                raise FastUlyssesError(
+                    f"calls[{index}] has the unknown key {key!r}: a call dict "
+                    f"takes {', '.join(accepted)}"
+                )
         for key in CALL_KEYS:
             if key not in call:
-                raise FastUlyssesError(f"calls[{index}] has no key {key!r}: a call dict needs "
-                                       f"{', '.join(CALL_KEYS)} (and may have "
-                                       f"{', '.join(OPTIONAL_CALL_KEYS)})")
+                raise FastUlyssesError(
+                    f"calls[{index}] has no key {key!r}: a call dict needs "
+                    f"{', '.join(CALL_KEYS)} (and may have "
+                    f"{', '.join(OPTIONAL_CALL_KEYS)})"
+                )
         return CallSpec(**call)
-    raise FastUlyssesError(f"calls[{index}] is a {type(call).__name__}: reserve takes "
-                           f"fast_ulysses.CallSpec values, or dicts with the keys "
-                           f"{', '.join(CALL_KEYS)} (and optionally "
-                           f"{', '.join(OPTIONAL_CALL_KEYS)})")
+    raise FastUlyssesError(
+        f"calls[{index}] is a {type(call).__name__}: reserve takes "
+        f"fast_ulysses.CallSpec values, or dicts with the keys "
+        f"{', '.join(CALL_KEYS)} (and optionally "
+        f"{', '.join(OPTIONAL_CALL_KEYS)})"
+    )
 
 
-def window_bytes_by_tag(calls: Iterable[CallSpec | Mapping], world_size: int,
-                        rank: int) -> dict[str, int]:
+def window_bytes_by_tag(
+    calls: Iterable[CallSpec | Mapping], world_size: int, rank: int
+) -> dict[str, int]:
     """The window every declared tag needs: the largest `window_bytes` of its calls.
 
     Arguments:
@@ -141,9 +164,16 @@ def window_bytes_by_tag(calls: Iterable[CallSpec | Mapping], world_size: int,
             raise FastUlyssesError(f"calls[{index}]: {error}") from error
         try:
             dtype = resolve_dtype(call.dtype)
-            p = plan(world_size, rank, call.mode, tuple(call.shape), dtype,
-                     seq_splits=call.seq_splits, head_splits=call.head_splits,
-                     layout=call.layout)
+            p = plan(
+                world_size,
+                rank,
+                call.mode,
+                tuple(call.shape),
+                dtype,
+                seq_splits=call.seq_splits,
+                head_splits=call.head_splits,
+                layout=call.layout,
+            )
         except (ValueError, TypeError) as error:
             raise FastUlyssesError(f"calls[{index}] (tag {call.tag!r}): {error}") from error
         sizes[call.tag] = max(sizes.get(call.tag, 0), p.window_bytes)

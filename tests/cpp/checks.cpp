@@ -11,14 +11,16 @@
 namespace fu_test {
 namespace {
 
+using fast_ulysses::CopyDescriptor;
+using fast_ulysses::Plan;
 using ::testing::AssertionFailure;
 using ::testing::AssertionResult;
 using ::testing::AssertionSuccess;
-using fast_ulysses::CopyDescriptor;
-using fast_ulysses::Plan;
 using Wide = __int128;  // the checks' own arithmetic never overflows, whatever the plan did
 
-int hex(std::byte b) { return static_cast<int>(b); }
+int hex(std::byte b) {
+  return static_cast<int>(b);
+}
 
 // Copies arriving at each rank j, summed over senders: plans[r].copies[j].
 AssertionResult incoming_bytes_agree(const std::vector<fast_ulysses::Plan>& plans) {
@@ -31,7 +33,6 @@ AssertionResult incoming_bytes_agree(const std::vector<fast_ulysses::Plan>& plan
   }
   return AssertionSuccess();
 }
-
 
 // One past the last byte a side of `c` touches, in 128 bits (0 when it moves nothing).
 Wide extent(const CopyDescriptor& c, bool dst) {
@@ -50,9 +51,9 @@ bool has_negative_field(const CopyDescriptor& c) {
 std::string show(const CopyDescriptor& c) {
   std::ostringstream out;
   out << "{peer " << c.peer << ", src_offset " << c.src_offset << ", dst_offset " << c.dst_offset
-      << ", width " << c.width << ", height " << c.height << ", depth " << c.depth
-      << ", pitches " << c.src_pitch << "/" << c.dst_pitch << ", slice pitches "
-      << c.src_slice_pitch << "/" << c.dst_slice_pitch << "}";
+      << ", width " << c.width << ", height " << c.height << ", depth " << c.depth << ", pitches "
+      << c.src_pitch << "/" << c.dst_pitch << ", slice pitches " << c.src_slice_pitch << "/"
+      << c.dst_slice_pitch << "}";
   return out.str();
 }
 
@@ -74,8 +75,8 @@ AssertionResult tiles_exactly_once(std::vector<CopyDescriptor> copies, int64_t t
                               [](const CopyDescriptor& c) { return c.bytes() == 0; }),
                copies.end());
   if (copies.empty())
-    return total == 0 ? AssertionSuccess() : AssertionFailure() << "no copy writes the "
-                                                                << total << " output bytes";
+    return total == 0 ? AssertionSuccess()
+                      : AssertionFailure() << "no copy writes the " << total << " output bytes";
   const int64_t depth = copies[0].depth;
   const Wide slice = depth == 1 ? Wide(total) : Wide(copies[0].dst_slice_pitch);
   for (const auto& c : copies)
@@ -85,7 +86,9 @@ AssertionResult tiles_exactly_once(std::vector<CopyDescriptor> copies, int64_t t
   if (Wide(depth) * slice != total)
     return AssertionFailure() << "depth " << depth << " x slice pitch " << int64_t(slice)
                               << " != " << total << " output bytes";
-  struct Run { Wide begin, end; };
+  struct Run {
+    Wide begin, end;
+  };
   std::vector<Run> runs;  // first-slice runs when every copy is contiguous or the first rows
   const auto dense = [](const CopyDescriptor& c) {
     return c.height == 1 || c.dst_pitch == c.width;
@@ -120,9 +123,10 @@ AssertionResult tiles_exactly_once(std::vector<CopyDescriptor> copies, int64_t t
   Wide next = 0;
   for (const auto& run : runs) {
     if (run.begin != next)
-      return AssertionFailure() << (run.begin < next ? "bytes written twice" : "bytes never written")
-                                << " at byte " << int64_t(std::min(run.begin, next))
-                                << " of a " << int64_t(span) << "-byte tile";
+      return AssertionFailure() << (run.begin < next ? "bytes written twice"
+                                                     : "bytes never written")
+                                << " at byte " << int64_t(std::min(run.begin, next)) << " of a "
+                                << int64_t(span) << "-byte tile";
     next = run.end;
   }
   if (next != span)
@@ -173,13 +177,14 @@ AssertionResult same_bytes(const RankBuffers& actual, const RankBuffers& expecte
 
 AssertionResult plan_sizes_agree(const Case& c, const std::vector<fast_ulysses::Plan>& plans) {
   int64_t largest = 0;
-  for (int r = 0; r < c.world_size(); ++r) largest = std::max(largest, reference_output_bytes(c, r));
+  for (int r = 0; r < c.world_size(); ++r)
+    largest = std::max(largest, reference_output_bytes(c, r));
   for (int r = 0; r < c.world_size(); ++r) {
     const auto& plan = plans[r];
     if (plan.input_bytes != reference_input_bytes(c, r) ||
         plan.output_bytes != reference_output_bytes(c, r))
-      return AssertionFailure() << "rank " << r << " plan bytes in/out " << plan.input_bytes
-                                << "/" << plan.output_bytes << ", reference "
+      return AssertionFailure() << "rank " << r << " plan bytes in/out " << plan.input_bytes << "/"
+                                << plan.output_bytes << ", reference "
                                 << reference_input_bytes(c, r) << "/"
                                 << reference_output_bytes(c, r);
     if (plan.window_bytes != largest)
@@ -196,7 +201,7 @@ AssertionResult plan_sizes_agree(const Case& c, const std::vector<fast_ulysses::
 }
 
 AssertionResult every_output_byte_written(const std::vector<fast_ulysses::Plan>& plans,
-                                        const Executed& executed, std::byte sentinel) {
+                                          const Executed& executed, std::byte sentinel) {
   for (size_t j = 0; j < plans.size(); ++j) {
     const auto& window = executed.windows[j];
     const auto end = window.begin() + plans[j].output_bytes;
@@ -204,11 +209,11 @@ AssertionResult every_output_byte_written(const std::vector<fast_ulysses::Plan>&
     if (unwritten != end)
       return AssertionFailure() << "rank " << j << " output byte " << (unwritten - window.begin())
                                 << " was never written";
-    const auto touched = std::find_if(end, window.end(), [&](std::byte b) { return b != sentinel; });
+    const auto touched =
+        std::find_if(end, window.end(), [&](std::byte b) { return b != sentinel; });
     if (touched != window.end())
       return AssertionFailure() << "rank " << j << " window byte " << (touched - window.begin())
-                                << " past output_bytes " << plans[j].output_bytes
-                                << " was written";
+                                << " past output_bytes " << plans[j].output_bytes << " was written";
   }
   return AssertionSuccess();
 }
@@ -231,7 +236,6 @@ AssertionResult round_trips(const Case& c, uint64_t seed) {
   return same_bytes(run_plans(inverse(c), there), inputs);
 }
 
-
 AssertionResult owned_matches_reference(const Case& c, uint64_t seed) {
   const RankBuffers inputs = make_inputs(c, seed);
   const auto plans = make_plans(c);
@@ -246,8 +250,8 @@ AssertionResult owned_matches_reference(const Case& c, uint64_t seed) {
     for (const auto& copy : plan.collect) collected += copy.bytes();
     if (collected + plan.copies[r].bytes() != plan.output_bytes)
       return AssertionFailure() << "rank " << r << ": collect moves " << collected
-                                << " bytes + own chunk " << plan.copies[r].bytes()
-                                << " != output " << plan.output_bytes;
+                                << " bytes + own chunk " << plan.copies[r].bytes() << " != output "
+                                << plan.output_bytes;
     // A window whose own-chunk bytes are poisoned: collect must not carry them into the result.
     Bytes window = executed.windows[r];
     fast_ulysses::execute_on_host(plan.copies[r], Bytes(plan.input_bytes, std::byte{0}).data(),

@@ -23,7 +23,7 @@ namespace fu_test {
 // After execute_plans(plans, inputs, sentinel): no output byte still holds the sentinel (inputs
 // never contain it) and no window byte past output_bytes was touched.
 ::testing::AssertionResult every_output_byte_written(const std::vector<fast_ulysses::Plan>& plans,
-                                                   const Executed& executed, std::byte sentinel);
+                                                     const Executed& executed, std::byte sentinel);
 
 // The whole contract of one case with inputs from `seed`: sizes, executed result == reference,
 // coverage.

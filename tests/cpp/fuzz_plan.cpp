@@ -60,18 +60,41 @@ struct Draw {
   int64_t below(int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); }
   bool one_in(int n) { return below(n) == 0; }
   int64_t edge() {  // a value that breaks careless arithmetic
-    static const int64_t values[] = {0, 1, -1, 2, 3, 15, 16, 17, 48, 255, INT32_MAX,
-                                     int64_t{INT32_MAX} + 1, int64_t{1} << 32, k2p50 / 16,
-                                     k2p50 - 1, k2p50, k2p50 + 1, int64_t{1} << 62, INT64_MAX,
-                                     INT64_MIN, INT64_MIN + 1, -k2p50, -16};
+    static const int64_t values[] = {0,
+                                     1,
+                                     -1,
+                                     2,
+                                     3,
+                                     15,
+                                     16,
+                                     17,
+                                     48,
+                                     255,
+                                     INT32_MAX,
+                                     int64_t{INT32_MAX} + 1,
+                                     int64_t{1} << 32,
+                                     k2p50 / 16,
+                                     k2p50 - 1,
+                                     k2p50,
+                                     k2p50 + 1,
+                                     int64_t{1} << 62,
+                                     INT64_MAX,
+                                     INT64_MIN,
+                                     INT64_MIN + 1,
+                                     -k2p50,
+                                     -16};
     return values[below(sizeof(values) / sizeof(values[0]))];
   }
   int64_t any() {
     switch (below(4)) {
-      case 0: return edge();
-      case 1: return below(9);
-      case 2: return static_cast<int64_t>(rng());  // anything, sign included
-      default: return below(int64_t{1} << (1 + below(52)));
+      case 0:
+        return edge();
+      case 1:
+        return below(9);
+      case 2:
+        return static_cast<int64_t>(rng());  // anything, sign included
+      default:
+        return below(int64_t{1} << (1 + below(52)));
     }
   }
   int world() {
@@ -142,21 +165,40 @@ PlanRequest small_valid(Draw& d) {
 PlanRequest mutated(Draw& d) {
   PlanRequest r = small_valid(d);
   switch (d.below(9)) {
-    case 0: r.world_size = d.world(); break;
-    case 1: r.rank = d.one_in(2) ? r.world_size : static_cast<int>(d.any()); break;
-    case 2: r.mode = static_cast<Mode>(d.one_in(2) ? 2 : -1); break;
-    case 3: r.layout = static_cast<Layout>(d.one_in(2) ? 3 : -3); break;
-    case 4: r.batch = d.any(); break;
-    case 5: r.head_dim = d.any(); break;
-    case 6: r.element_size = d.any(); break;
+    case 0:
+      r.world_size = d.world();
+      break;
+    case 1:
+      r.rank = d.one_in(2) ? r.world_size : static_cast<int>(d.any());
+      break;
+    case 2:
+      r.mode = static_cast<Mode>(d.one_in(2) ? 2 : -1);
+      break;
+    case 3:
+      r.layout = static_cast<Layout>(d.one_in(2) ? 3 : -3);
+      break;
+    case 4:
+      r.batch = d.any();
+      break;
+    case 5:
+      r.head_dim = d.any();
+      break;
+    case 6:
+      r.element_size = d.any();
+      break;
     case 7: {
       auto& splits = d.one_in(2) ? r.seq_splits : r.head_splits;
-      if (d.one_in(3)) splits.push_back(1);
-      else if (d.one_in(2) && !splits.empty()) splits.pop_back();
-      else if (!splits.empty()) splits[d.below(static_cast<int64_t>(splits.size()))] = d.any();
+      if (d.one_in(3))
+        splits.push_back(1);
+      else if (d.one_in(2) && !splits.empty())
+        splits.pop_back();
+      else if (!splits.empty())
+        splits[d.below(static_cast<int64_t>(splits.size()))] = d.any();
       break;
     }
-    default: std::fill(r.head_splits.begin(), r.head_splits.end(), 0); break;
+    default:
+      std::fill(r.head_splits.begin(), r.head_splits.end(), 0);
+      break;
   }
   return r;
 }
@@ -247,8 +289,8 @@ struct Counts {
       return ::testing::AssertionFailure() << plan.copies.size() << " copies";
   } catch (const fast_ulysses::PlanError& error) {
     if (valid)
-      return ::testing::AssertionFailure() << "rejected a request within the limits: "
-                                           << error.what();
+      return ::testing::AssertionFailure()
+             << "rejected a request within the limits: " << error.what();
     ++counts.rejected;
     return ::testing::AssertionSuccess();
   }
@@ -272,8 +314,8 @@ struct Counts {
   std::ostringstream out;
   out << "request_from_shape(world_size " << P << ", rank " << rank << ", mode "
       << static_cast<int>(mode) << ", " << fast_ulysses::layout_name(layout) << ", shape "
-      << join(shape) << ", element_size " << es << ", seq_splits "
-      << (seq ? join(*seq) : "none") << ", head_splits " << (heads ? join(*heads) : "none") << ")";
+      << join(shape) << ", element_size " << es << ", seq_splits " << (seq ? join(*seq) : "none")
+      << ", head_splits " << (heads ? join(*heads) : "none") << ")";
   input = out.str();
   PlanRequest r;
   try {
@@ -307,32 +349,35 @@ int run(uint64_t seed, int64_t first, int64_t count) {
       if (kind == 5) {
         result = check_from_shape(d, d.rng(), counts, input);
       } else {
-        const PlanRequest r = kind <= 1 ? small_valid(d) : kind == 2 ? mutated(d)
-                              : kind == 3 ? raw(d) : huge(d);
+        const PlanRequest r = kind <= 1   ? small_valid(d)
+                              : kind == 2 ? mutated(d)
+                              : kind == 3 ? raw(d)
+                                          : huge(d);
         input = show(r);
         result = check_request(r, d.rng(), counts);
       }
     } catch (const std::exception& error) {
-      result = ::testing::AssertionFailure() << "threw " << typeid(error).name() << ": "
-                                             << error.what();
+      result = ::testing::AssertionFailure()
+               << "threw " << typeid(error).name() << ": " << error.what();
     } catch (...) {
       result = ::testing::AssertionFailure() << "threw something that is not a std::exception";
     }
     if (!result) {
-      std::printf("FAILED input %lld (%s): %s\n  %s\n  replay: fu_plan_fuzz --seed %llu --only %lld\n",
-                  static_cast<long long>(i), kinds[kind], input.c_str(), result.message(),
-                  static_cast<unsigned long long>(seed), static_cast<long long>(i));
+      std::printf(
+          "FAILED input %lld (%s): %s\n  %s\n  replay: fu_plan_fuzz --seed %llu --only %lld\n",
+          static_cast<long long>(i), kinds[kind], input.c_str(), result.message(),
+          static_cast<unsigned long long>(seed), static_cast<long long>(i));
       return 1;
     }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("fuzz: %lld inputs, seed %llu, %.1f s: %lld accepted (%lld executed on buffers, "
-              "%lld checked by arithmetic), %lld rejected with PlanError; no failure\n",
-              static_cast<long long>(count), static_cast<unsigned long long>(seed), seconds,
-              static_cast<long long>(counts.accepted),
-              static_cast<long long>(counts.materialised),
-              static_cast<long long>(counts.arithmetic), static_cast<long long>(counts.rejected));
+  std::printf(
+      "fuzz: %lld inputs, seed %llu, %.1f s: %lld accepted (%lld executed on buffers, "
+      "%lld checked by arithmetic), %lld rejected with PlanError; no failure\n",
+      static_cast<long long>(count), static_cast<unsigned long long>(seed), seconds,
+      static_cast<long long>(counts.accepted), static_cast<long long>(counts.materialised),
+      static_cast<long long>(counts.arithmetic), static_cast<long long>(counts.rejected));
   return 0;
 }
 
@@ -344,9 +389,12 @@ int main(int argc, char** argv) {
   long long count = 1'000'000, only = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (i + 1 < argc && arg == "--seed") seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (i + 1 < argc && arg == "--inputs") count = std::atoll(argv[++i]);
-    else if (i + 1 < argc && arg == "--only") only = std::atoll(argv[++i]);
+    if (i + 1 < argc && arg == "--seed")
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (i + 1 < argc && arg == "--inputs")
+      count = std::atoll(argv[++i]);
+    else if (i + 1 < argc && arg == "--only")
+      only = std::atoll(argv[++i]);
     else {
       std::fprintf(stderr, "usage: fu_plan_fuzz [--inputs N] [--seed S] [--only I]\n");
       return 2;

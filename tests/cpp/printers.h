@@ -8,7 +8,11 @@
 
 namespace fast_ulysses {
 
-inline void PrintTo(Mode mode, std::ostream* out) { *out << "mode" << static_cast<int>(mode); }
-inline void PrintTo(Layout layout, std::ostream* out) { *out << layout_name(layout); }
+inline void PrintTo(Mode mode, std::ostream* out) {
+  *out << "mode" << static_cast<int>(mode);
+}
+inline void PrintTo(Layout layout, std::ostream* out) {
+  *out << layout_name(layout);
+}
 
 }  // namespace fast_ulysses

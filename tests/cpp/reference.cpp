@@ -37,9 +37,12 @@ struct Tensor4d {
   int64_t bytes() const { return batch * seq * heads * head_dim * element_size; }
   int64_t element(int64_t bb, int64_t s, int64_t h, int64_t e) const {
     int64_t line = 0;  // index of the d-vector
-    if (layout == Layout::kSBHD) line = (s * batch + bb) * heads + h;
-    else if (layout == Layout::kBHSD) line = (bb * heads + h) * seq + s;
-    else line = (bb * seq + s) * heads + h;
+    if (layout == Layout::kSBHD)
+      line = (s * batch + bb) * heads + h;
+    else if (layout == Layout::kBHSD)
+      line = (bb * heads + h) * seq + s;
+    else
+      line = (bb * seq + s) * heads + h;
     return (line * head_dim + e) * element_size;
   }
   // The inverse of element(): (bb, s, h, e) and the byte within the element.
@@ -122,8 +125,12 @@ std::string describe(const Case& c) {
   return out.str();
 }
 
-int64_t reference_input_bytes(const Case& c, int rank) { return input_tensor(c, rank).bytes(); }
-int64_t reference_output_bytes(const Case& c, int rank) { return output_tensor(c, rank).bytes(); }
+int64_t reference_input_bytes(const Case& c, int rank) {
+  return input_tensor(c, rank).bytes();
+}
+int64_t reference_output_bytes(const Case& c, int rank) {
+  return output_tensor(c, rank).bytes();
+}
 
 RankBuffers reference_all_to_all(const Case& c, const RankBuffers& inputs) {
   const int P = c.world_size();
@@ -172,7 +179,8 @@ fast_ulysses::PlanRequest request_for(const Case& c, int rank) {
 
 std::vector<fast_ulysses::Plan> make_plans(const Case& c) {
   std::vector<fast_ulysses::Plan> plans;
-  for (int r = 0; r < c.world_size(); ++r) plans.push_back(fast_ulysses::make_plan(request_for(c, r)));
+  for (int r = 0; r < c.world_size(); ++r)
+    plans.push_back(fast_ulysses::make_plan(request_for(c, r)));
   return plans;
 }
 

@@ -1,9 +1,9 @@
 // The yardstick of the plan tests, and the harness that runs real plans on host buffers.
 //
-// reference_all_to_all() is written from the definition in docs/API.md alone, with index arithmetic: it
-// never calls make_plan() nor looks at a CopyDescriptor, so a wrong stride in the plan cannot be
-// mirrored here. Mode 0: out_j[bb, row_off(i) + s, h, :] = in_i[bb, s, head_off(j) + h, :];
-// mode 1 is the exact inverse. bshd, sbhd and bhsd.
+// reference_all_to_all() is written from the definition in docs/API.md alone, with index
+// arithmetic: it never calls make_plan() nor looks at a CopyDescriptor, so a wrong stride in the
+// plan cannot be mirrored here. Mode 0: out_j[bb, row_off(i) + s, h, :] = in_i[bb, s, head_off(j) +
+// h, :]; mode 1 is the exact inverse. bshd, sbhd and bhsd.
 //
 // execute_plans() is the other side: every rank's make_plan() executed with execute_on_host()
 // into P windows of window_bytes, poisoned with a sentinel beforehand.

@@ -16,8 +16,8 @@
 namespace fu_test {
 namespace {
 
-using fast_ulysses::CopyDescriptor;
 using fast_ulysses::coalesced;
+using fast_ulysses::CopyDescriptor;
 
 // The definition: for z < depth, y < height, copy width bytes at the pitched offsets.
 void naive_execute(const CopyDescriptor& c, const Bytes& src, Bytes& dst) {
@@ -61,8 +61,8 @@ Bytes random_bytes(std::mt19937_64& rng, int64_t n) {
   Bytes expected(raw.dst_extent() + 8, std::byte{0}), via_merged = expected, via_host = expected;
   naive_execute(raw, src, expected);
   naive_execute(merged, src, via_merged);
-  fast_ulysses::execute_on_host(raw, src.data(), static_cast<int64_t>(src.size()),
-                                via_host.data(), static_cast<int64_t>(via_host.size()));
+  fast_ulysses::execute_on_host(raw, src.data(), static_cast<int64_t>(src.size()), via_host.data(),
+                                static_cast<int64_t>(via_host.size()));
   if (auto r = same_bytes({via_merged}, {expected}); !r) return r << " (coalesced, naive)";
   if (auto r = same_bytes({via_host}, {expected}); !r) return r << " (execute_on_host)";
   return ::testing::AssertionSuccess();

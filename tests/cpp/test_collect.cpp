@@ -17,8 +17,8 @@ namespace {
 TEST(Collect, ExhaustiveSmallCases) {
   for (int P = 1; P <= 5; ++P)
     for (auto mode : {fast_ulysses::Mode::kSeqToHead, fast_ulysses::Mode::kHeadToSeq})
-      for (auto layout : {fast_ulysses::Layout::kBSHD, fast_ulysses::Layout::kSBHD,
-                          fast_ulysses::Layout::kBHSD})
+      for (auto layout :
+           {fast_ulysses::Layout::kBSHD, fast_ulysses::Layout::kSBHD, fast_ulysses::Layout::kBHSD})
         for (const Case& c : exhaustive_cases(P, mode, layout))
           ASSERT_TRUE(owned_matches_reference(c, 7)) << describe(c);
 }

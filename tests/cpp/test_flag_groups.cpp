@@ -33,8 +33,8 @@ TEST(FlagGroups, EveryPeerWordOnceAndNoOtherWord) {
           for (int half = 0; half < (wide ? 2 : 1); ++half) {
             const int index = g.first + half;
             const bool peer = index < world && index != me;
-            EXPECT_EQ(g.peer[half], peer) << "world " << world << " me " << me << " index "
-                                          << index;
+            EXPECT_EQ(g.peer[half], peer)
+                << "world " << world << " me " << me << " index " << index;
             if (g.peer[half]) ++covered[index];
           }
         }

@@ -19,7 +19,9 @@ namespace {
 using fast_ulysses::Layout;
 using fast_ulysses::Mode;
 
-std::string layout_tag(Layout layout) { return fast_ulysses::layout_name(layout); }
+std::string layout_tag(Layout layout) {
+  return fast_ulysses::layout_name(layout);
+}
 
 // --- Exhaustive: P 1..8 x mode x layout, each over every split pattern, element size, row
 // size and batch of exhaustive_cases(). ---
@@ -34,16 +36,16 @@ TEST_P(Exhaustive, MatchesReference) {
   for (const Case& c : cases) ASSERT_TRUE(plan_matches_reference(c, seed++)) << describe(c);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllWorldSizes, Exhaustive,
-    ::testing::Combine(::testing::Range(1, fast_ulysses::kMaxWorldSize + 1),
-                       ::testing::Values(Mode::kSeqToHead, Mode::kHeadToSeq),
-                       ::testing::Values(Layout::kBSHD, Layout::kSBHD, Layout::kBHSD)),
-    [](const auto& info) {
-      return "P" + std::to_string(std::get<0>(info.param)) + "_mode" +
-             std::to_string(static_cast<int>(std::get<1>(info.param))) + "_" +
-             layout_tag(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllWorldSizes, Exhaustive,
+                         ::testing::Combine(::testing::Range(1, fast_ulysses::kMaxWorldSize + 1),
+                                            ::testing::Values(Mode::kSeqToHead, Mode::kHeadToSeq),
+                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD,
+                                                              Layout::kBHSD)),
+                         [](const auto& info) {
+                           return "P" + std::to_string(std::get<0>(info.param)) + "_mode" +
+                                  std::to_string(static_cast<int>(std::get<1>(info.param))) + "_" +
+                                  layout_tag(std::get<2>(info.param));
+                         });
 
 // --- Round trips: mode 0 then mode 1 (and the other way) give the input back exactly. ---
 
@@ -59,7 +61,8 @@ TEST_P(RoundTrip, InverseModeRestoresInput) {
 
 INSTANTIATE_TEST_SUITE_P(AllWorldSizes, RoundTrip,
                          ::testing::Combine(::testing::Range(1, fast_ulysses::kMaxWorldSize + 1),
-                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD, Layout::kBHSD)),
+                                            ::testing::Values(Layout::kBSHD, Layout::kSBHD,
+                                                              Layout::kBHSD)),
                          [](const auto& info) {
                            return "P" + std::to_string(std::get<0>(info.param)) + "_" +
                                   layout_tag(std::get<1>(info.param));

@@ -9,8 +9,8 @@
 
 #include "cases.h"
 #include "checks.h"
-#include "printers.h"
 #include "plan/host_executor.h"
+#include "printers.h"
 #include "reference.h"
 
 namespace fu_test {
@@ -23,12 +23,12 @@ using fast_ulysses::Plan;
 
 struct Field {
   const char* name;
-  int64_t CopyDescriptor::*member;
-  bool shrink_only;  // width/height/depth: only smaller (a larger copy may be hidden
-                              // by a later rank overwriting the spill, which is a race, not a
-                              // layout error the reference can see)
-  bool needs_rows;            // a row pitch matters only when height > 1
-  bool needs_slices;          // a slice pitch matters only when depth > 1
+  int64_t CopyDescriptor::* member;
+  bool shrink_only;   // width/height/depth: only smaller (a larger copy may be hidden
+                      // by a later rank overwriting the spill, which is a race, not a
+                      // layout error the reference can see)
+  bool needs_rows;    // a row pitch matters only when height > 1
+  bool needs_slices;  // a slice pitch matters only when depth > 1
 };
 
 const std::vector<Field>& fields() {
@@ -53,8 +53,8 @@ Case base_case(Mode mode, Layout layout, int64_t head_dim = 8) {
 }
 
 std::vector<int64_t> deltas(const Field& field, const Case& c) {
-  const bool counts = field.member == &CopyDescriptor::height ||
-                      field.member == &CopyDescriptor::depth;
+  const bool counts =
+      field.member == &CopyDescriptor::height || field.member == &CopyDescriptor::depth;
   if (counts) return {-1};
   const int64_t es = c.element_size, row = c.head_dim * c.element_size;
   if (field.shrink_only) return {-es, -row};
@@ -124,8 +124,9 @@ INSTANTIATE_TEST_SUITE_P(BothModesEveryLayout, Perturbation,
                                             ::testing::Values(Layout::kBSHD, Layout::kSBHD,
                                                               Layout::kBHSD)),
                          [](const auto& info) {
-                           return "mode" + std::to_string(static_cast<int>(std::get<0>(info.param))) +
-                                  "_" + fast_ulysses::layout_name(std::get<1>(info.param));
+                           return "mode" +
+                                  std::to_string(static_cast<int>(std::get<0>(info.param))) + "_" +
+                                  fast_ulysses::layout_name(std::get<1>(info.param));
                          });
 
 // The control for the sbhd exemption above: a slice pitch there really is irrelevant.

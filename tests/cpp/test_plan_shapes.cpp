@@ -26,7 +26,12 @@ constexpr int64_t kWanChunkBytes = 12'096'000;   // 9450 rows x 5 heads x 256 by
 constexpr int64_t kWanWindowBytes = 96'768'000;  // 75600 x 5 x 256 = 9450 x 40 x 256
 
 Case wan_720p(Mode mode, Layout layout) {
-  return Case{mode, layout, 1, kWanDim, 2, std::vector<int64_t>(8, kWanRowsPerRank),
+  return Case{mode,
+              layout,
+              1,
+              kWanDim,
+              2,
+              std::vector<int64_t>(8, kWanRowsPerRank),
               std::vector<int64_t>(8, kWanHeads / 8)};
 }
 
@@ -150,15 +155,16 @@ INSTANTIATE_TEST_SUITE_P(BothModesEveryLayout, Wan720p,
                                             ::testing::Values(Layout::kBSHD, Layout::kSBHD,
                                                               Layout::kBHSD)),
                          [](const auto& info) {
-                           return "mode" + std::to_string(static_cast<int>(std::get<0>(info.param))) +
-                                  "_" + fast_ulysses::layout_name(std::get<1>(info.param));
+                           return "mode" +
+                                  std::to_string(static_cast<int>(std::get<0>(info.param))) + "_" +
+                                  fast_ulysses::layout_name(std::get<1>(info.param));
                          });
 
 TEST(Shapes, Wan13BTwelveHeadsOnEightRanks) {
   // 12 heads do not divide 8: head_splits [2,2,2,2,1,1,1,1]. Rank 5 keeps 1 head.
   const std::vector<int64_t> heads{2, 2, 2, 2, 1, 1, 1, 1};
-  const auto request = fast_ulysses::request_from_shape(
-      8, 5, Mode::kSeqToHead, Layout::kBSHD, {1, 4096, 12, 128}, 2, std::nullopt, heads);
+  const auto request = fast_ulysses::request_from_shape(8, 5, Mode::kSeqToHead, Layout::kBSHD,
+                                                        {1, 4096, 12, 128}, 2, std::nullopt, heads);
   const Plan plan = fast_ulysses::make_plan(request);
   EXPECT_EQ(plan.output_shape, (Shape{1, 8 * 4096, 1, 128}));
   EXPECT_EQ(plan.window_bytes, 8 * 4096 * 2 * 256);  // ranks 0..3 receive 2 heads
@@ -175,8 +181,9 @@ TEST(Shapes, RequestFromShapeMatchesExplicitRequest) {
       const std::vector<int64_t> shape(plan.input_shape.begin(), plan.input_shape.end());
       const auto request = fast_ulysses::request_from_shape(
           c.world_size(), r, c.mode, c.layout, shape, c.element_size, c.seq_splits, c.head_splits);
-      const Case back{request.mode, request.layout, request.batch, request.head_dim,
-                      request.element_size, request.seq_splits, request.head_splits};
+      const Case back{request.mode,       request.layout,       request.batch,
+                      request.head_dim,   request.element_size, request.seq_splits,
+                      request.head_splits};
       ASSERT_EQ(describe(back), describe(c)) << "rank " << r;
       ASSERT_EQ(request.rank, r);
     }

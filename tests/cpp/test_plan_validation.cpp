@@ -28,8 +28,8 @@ using Splits = std::optional<std::vector<int64_t>>;
     const std::string message = error.what();
     for (const auto& part : parts)
       if (message.find(part) == std::string::npos)
-        return ::testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << part
-                                             << "\"";
+        return ::testing::AssertionFailure()
+               << "message \"" << message << "\" lacks \"" << part << "\"";
     return ::testing::AssertionSuccess();
   } catch (const std::exception& other) {
     return ::testing::AssertionFailure() << "threw a non-PlanError: " << other.what();
@@ -114,10 +114,11 @@ TEST(Validation, AnyRowWidth) {
       EXPECT_NO_THROW(fast_ulysses::validate(edited([&](auto& r) {
         r.head_dim = d;
         r.element_size = es;
-      }))) << "d=" << d << " element_size=" << es;
+      }))) << "d="
+           << d << " element_size=" << es;
   // The softmax LSE of ring attention: (B, S, H, 1) fp32, 4-byte rows.
-  EXPECT_NO_THROW(from_shape(2, 0, Mode::kSeqToHead, {2, 3, 4, 1}, std::nullopt, std::nullopt,
-                             4)());
+  EXPECT_NO_THROW(
+      from_shape(2, 0, Mode::kSeqToHead, {2, 3, 4, 1}, std::nullopt, std::nullopt, 4)());
 }
 
 TEST(Validation, BatchAndHeadDim) {
@@ -133,15 +134,15 @@ TEST(Validation, SplitLength) {
 }
 
 TEST(Validation, NegativeSplitEntry) {
-  EXPECT_TRUE(rejected(edited([](auto& r) { r.seq_splits = {3, -1}; }),
-                       {"seq_splits[1]=-1", ">= 0"}));
-  EXPECT_TRUE(rejected(edited([](auto& r) { r.head_splits = {-2, 6}; }),
-                       {"head_splits[0]=-2", ">= 0"}));
+  EXPECT_TRUE(
+      rejected(edited([](auto& r) { r.seq_splits = {3, -1}; }), {"seq_splits[1]=-1", ">= 0"}));
+  EXPECT_TRUE(
+      rejected(edited([](auto& r) { r.head_splits = {-2, 6}; }), {"head_splits[0]=-2", ">= 0"}));
 }
 
 TEST(Validation, AllZeroSplits) {
-  EXPECT_TRUE(rejected(edited([](auto& r) { r.seq_splits = {0, 0}; }),
-                       {"seq_splits=[0, 0]", "positive"}));
+  EXPECT_TRUE(
+      rejected(edited([](auto& r) { r.seq_splits = {0, 0}; }), {"seq_splits=[0, 0]", "positive"}));
   EXPECT_TRUE(rejected(edited([](auto& r) { r.head_splits = {0, 0}; }),
                        {"head_splits=[0, 0]", "positive"}));
 }
@@ -154,8 +155,8 @@ TEST(Validation, ZeroEntriesAreAllowed) {
 TEST(Validation, SizeLimit) {
   // The valid request is 256 bytes per batch element: 2^42 of them are exactly 2^50 bytes.
   EXPECT_NO_THROW(fast_ulysses::validate(edited([](auto& r) { r.batch = int64_t{1} << 42; })));
-  EXPECT_TRUE(rejected(edited([](auto& r) { r.batch = (int64_t{1} << 42) + 1; }),
-                       {"bytes", "2^50"}));
+  EXPECT_TRUE(
+      rejected(edited([](auto& r) { r.batch = (int64_t{1} << 42) + 1; }), {"bytes", "2^50"}));
   EXPECT_TRUE(rejected(edited([](auto& r) { r.seq_splits = {int64_t{1} << 62, 1}; }), {"2^50"}));
 }
 
@@ -187,15 +188,15 @@ TEST(RequestFromShape, LocalSplitDisagreesWithShape) {
   EXPECT_TRUE(throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 3, 4, 8}, {{2, 2}}),
                             {"seq_splits[0]=2", "holds 3 sequence rows", "mode 0"}));
   // Mode 1: this rank's input holds 2 heads, head_splits says 3.
-  EXPECT_TRUE(throws_naming(from_shape(2, 1, Mode::kHeadToSeq, {1, 6, 2, 8}, std::nullopt,
-                                       {{1, 3}}),
-                            {"head_splits[1]=3", "holds 2 heads", "mode 1"}));
+  EXPECT_TRUE(
+      throws_naming(from_shape(2, 1, Mode::kHeadToSeq, {1, 6, 2, 8}, std::nullopt, {{1, 3}}),
+                    {"head_splits[1]=3", "holds 2 heads", "mode 1"}));
 }
 
 TEST(RequestFromShape, TotalSplitDisagreesWithShape) {
-  EXPECT_TRUE(throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 3, 4, 8}, std::nullopt,
-                                       {{1, 2}}),
-                            {"head_splits=[1, 2]", "sums to 3", "4 heads"}));
+  EXPECT_TRUE(
+      throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 3, 4, 8}, std::nullopt, {{1, 2}}),
+                    {"head_splits=[1, 2]", "sums to 3", "4 heads"}));
   EXPECT_TRUE(throws_naming(from_shape(2, 0, Mode::kHeadToSeq, {1, 6, 2, 8}, {{3, 4}}),
                             {"seq_splits=[3, 4]", "sums to 7", "6 sequence rows"}));
 }
@@ -203,16 +204,16 @@ TEST(RequestFromShape, TotalSplitDisagreesWithShape) {
 TEST(RequestFromShape, GivenSplitsAreValidatedToo) {
   EXPECT_TRUE(throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 3, 4, 8}, {{3, 1, 1}}),
                             {"seq_splits has 3 entries"}));
-  EXPECT_TRUE(throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 3, 4, 8}, std::nullopt,
-                                       {{5, -1}}),
-                            {"head_splits[1]=-1"}));
+  EXPECT_TRUE(
+      throws_naming(from_shape(2, 0, Mode::kSeqToHead, {1, 3, 4, 8}, std::nullopt, {{5, -1}}),
+                    {"head_splits[1]=-1"}));
 }
 
 TEST(RequestFromShape, IndivisibleHeadsSuggestHeadSplits) {
   // Wan 1.3B: 12 heads on 8 ranks; HunyuanVideo: 24 heads on 5.
-  EXPECT_TRUE(throws_naming(from_shape(8, 0, Mode::kSeqToHead, {1, 4096, 12, 128}),
-                            {"12 heads", "world_size=8", "pass head_splits",
-                             "[2, 2, 2, 2, 1, 1, 1, 1]"}));
+  EXPECT_TRUE(
+      throws_naming(from_shape(8, 0, Mode::kSeqToHead, {1, 4096, 12, 128}),
+                    {"12 heads", "world_size=8", "pass head_splits", "[2, 2, 2, 2, 1, 1, 1, 1]"}));
   EXPECT_TRUE(throws_naming(from_shape(5, 0, Mode::kSeqToHead, {1, 4096, 24, 128}),
                             {"24 heads", "world_size=5", "head_splits", "[5, 5, 5, 5, 4]"}));
 }

@@ -6,5 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
-                               reason="no CUDA GPU visible: the fast path cannot run here")
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU visible: the fast path cannot run here"
+)

@@ -23,8 +23,12 @@ WORKERS = {"autograd": autograd, "attention": attention, "integrations": integra
 
 
 def cases():
-    return [(name, n, check) for name, module in WORKERS.items() for n in NPROCS
-            for check in module.check_names(n, shared_gpu=True)]
+    return [
+        (name, n, check)
+        for name, module in WORKERS.items()
+        for n in NPROCS
+        for check in module.check_names(n, shared_gpu=True)
+    ]
 
 
 @needs_gpu
@@ -75,9 +79,13 @@ def test_wan_block_on_a_shared_gpu():
     from multirank import SHARED_GPU_ENV
 
     example = Path(__file__).resolve().parents[2] / "examples" / "wan_block.py"
-    result = subprocess.run([sys.executable, str(example), "--shared-gpu", "--nproc", "8"],
-                            capture_output=True, text=True, timeout=TIMEOUT_S,
-                            env=dict(os.environ, **SHARED_GPU_ENV))
+    result = subprocess.run(
+        [sys.executable, str(example), "--shared-gpu", "--nproc", "8"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=dict(os.environ, **SHARED_GPU_ENV),
+    )
     out = result.stdout + result.stderr
     print(out)
     assert result.returncode == 0, out

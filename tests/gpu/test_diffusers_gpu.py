@@ -16,14 +16,17 @@ from _gpu import needs_gpu
 
 NPROCS = (1, 2, 3)
 TIMEOUT_S = 480
-needs_diffusers = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
-                                     reason="diffusers is not installed (requirements/dev.txt)")
+needs_diffusers = pytest.mark.skipif(
+    importlib.util.find_spec("diffusers") is None,
+    reason="diffusers is not installed (requirements/dev.txt)",
+)
 
 
 @needs_gpu
 @needs_diffusers
-@pytest.mark.parametrize("nproc,check", [(n, c) for n in NPROCS
-                                         for c in diffusers_patch.check_names(n, True)])
+@pytest.mark.parametrize(
+    "nproc,check", [(n, c) for n in NPROCS for c in diffusers_patch.check_names(n, True)]
+)
 def test_diffusers_on_the_fast_group(launch_ranks, nproc, check):
     launch_ranks("diffusers_patch", nproc, timeout=TIMEOUT_S, shared_gpu=True).assert_check(check)
 

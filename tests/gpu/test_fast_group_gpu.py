@@ -20,13 +20,15 @@ ITERATIONS = os.environ.get("FAST_ULYSSES_GPU_ITERATIONS", "1000")
 
 
 def a2a(launch_ranks, nproc):
-    return launch_ranks("a2a_correctness", nproc, "--iterations", ITERATIONS, timeout=TIMEOUT_S,
-                        shared_gpu=True)
+    return launch_ranks(
+        "a2a_correctness", nproc, "--iterations", ITERATIONS, timeout=TIMEOUT_S, shared_gpu=True
+    )
 
 
 @needs_gpu
-@pytest.mark.parametrize("nproc,check", [(n, c) for n in NPROCS
-                                         for c in a2a_correctness.check_names(n)])
+@pytest.mark.parametrize(
+    "nproc,check", [(n, c) for n in NPROCS for c in a2a_correctness.check_names(n)]
+)
 def test_a2a_check(launch_ranks, nproc, check):
     a2a(launch_ranks, nproc).assert_check(check)
 
@@ -39,11 +41,11 @@ def test_a2a_run_ends_cleanly(launch_ranks, nproc):
     run.assert_clean_exit()
     assert run.check_names() == a2a_correctness.check_names(nproc), run.describe()
     n = len(a2a_correctness.check_names(nproc))
-    assert re.search(rf"^{n} passed, 0 failed$", run.ranks[0].output, re.MULTILINE), \
-        run.describe()
+    assert re.search(rf"^{n} passed, 0 failed$", run.ranks[0].output, re.MULTILINE), run.describe()
     for r in run.ranks:  # the worker exits with a group never destroyed, a result never used
-        assert "unwaited" not in r.output, f"rank {r.rank} warned of unwaited work:\n" + \
-            run.describe()
+        assert "unwaited" not in r.output, (
+            f"rank {r.rank} warned of unwaited work:\n" + run.describe()
+        )
     print(run.ranks[0].output)
 
 
@@ -108,22 +110,26 @@ WATCHDOG_REPORT = (
     " the signature of the call it released it for) [- 1 2147483649]"
     " held-owned [- 0 0] landed (1 = peer's chunk arrived, not yet consumed) [- 0 1]. A peer"
     " that lags is stuck, has died, or issued a different call sequence (set"
-    " FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks).")
+    " FAST_ULYSSES_DEBUG=1 to check every call's agreement across ranks)."
+)
 
 
 def test_watchdog_check_accepts_the_report_it_expects():
     a2a_correctness.check_watchdog_report(f"other output\n{WATCHDOG_REPORT}\n", "3", 3)
 
 
-@pytest.mark.parametrize("text,why", [
-    ("", "0 watchdog reports"),
-    (f"{WATCHDOG_REPORT}\n{WATCHDOG_REPORT}", "2 watchdog reports"),
-    (WATCHDOG_REPORT.replace("group '3'", "group '4'"), "does not name the group"),
-    (WATCHDOG_REPORT.replace("tag 'late'", "tag 'early'"), "does not name the group"),
-    (WATCHDOG_REPORT.replace("after 2 s", "after 1 s"), "before the 2 s timeout"),
-    (WATCHDOG_REPORT.replace("[- 1 2147483649]", "[- 1]"), "held flags"),
-    (WATCHDOG_REPORT.replace(" landed (1", " gone (1"), "lacks the landed flags"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("", "0 watchdog reports"),
+        (f"{WATCHDOG_REPORT}\n{WATCHDOG_REPORT}", "2 watchdog reports"),
+        (WATCHDOG_REPORT.replace("group '3'", "group '4'"), "does not name the group"),
+        (WATCHDOG_REPORT.replace("tag 'late'", "tag 'early'"), "does not name the group"),
+        (WATCHDOG_REPORT.replace("after 2 s", "after 1 s"), "before the 2 s timeout"),
+        (WATCHDOG_REPORT.replace("[- 1 2147483649]", "[- 1]"), "held flags"),
+        (WATCHDOG_REPORT.replace(" landed (1", " gone (1"), "lacks the landed flags"),
+    ],
+)
 def test_watchdog_check_rejects_a_wrong_report(text, why):
     with pytest.raises(AssertionError, match=re.escape(why)):
         a2a_correctness.check_watchdog_report(text, "3", 3)

@@ -11,8 +11,7 @@ NPROCS = (1, 2, 3, 8)
 
 
 @needs_gpu
-@pytest.mark.parametrize("nproc,check", [(n, c) for n in NPROCS
-                                         for c in fused_correctness.CHECKS])
+@pytest.mark.parametrize("nproc,check", [(n, c) for n in NPROCS for c in fused_correctness.CHECKS])
 def test_fused_check(launch_ranks, nproc, check):
     launch_ranks("fused_correctness", nproc, timeout=300, shared_gpu=True).assert_check(check)
 

@@ -31,6 +31,7 @@ def test_graph_run_ends_cleanly(launch_ranks, nproc):
     run = launch_ranks("graph_correctness", nproc, timeout=TIMEOUT_S, shared_gpu=True)
     run.assert_clean_exit()
     assert run.check_names() == CHECKS, run.describe()
-    assert re.search(rf"^{len(CHECKS)} passed, 0 failed$", run.ranks[0].output, re.MULTILINE), \
+    assert re.search(rf"^{len(CHECKS)} passed, 0 failed$", run.ranks[0].output, re.MULTILINE), (
         run.describe()
+    )
     print(run.ranks[0].output)

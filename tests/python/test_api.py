@@ -23,8 +23,11 @@ from fast_ulysses.validation import CallSpec
 
 def protocol_members():
     """(method names, attribute names) UlyssesGroupLike declares."""
-    methods = [n for n, v in vars(UlyssesGroupLike).items()
-               if inspect.isfunction(v) and not n.startswith("_")]
+    methods = [
+        n
+        for n, v in vars(UlyssesGroupLike).items()
+        if inspect.isfunction(v) and not n.startswith("_")
+    ]
     return methods, list(UlyssesGroupLike.__annotations__)
 
 
@@ -46,8 +49,7 @@ class RecordingOps:
         return self._module_call(self.all_to_all_single_4d_borrowed, args)
 
     def owned_out(self, *args):
-        return self._module_call(lambda *a: self.all_to_all_single_4d_out(*a[:-1], out=a[-1]),
-                                 args)
+        return self._module_call(lambda *a: self.all_to_all_single_4d_out(*a[:-1], out=a[-1]), args)
 
     def _module_call(self, op, args):
         if self.decline:
@@ -66,8 +68,11 @@ class RecordingOps:
 
     def _record(self, name, args, result):
         self.calls.append((name, args))
-        self.below_autograd.append(torch._C._dispatch_tls_is_dispatch_key_excluded(
-            torch._C.DispatchKey.AutogradFunctionality))
+        self.below_autograd.append(
+            torch._C._dispatch_tls_is_dispatch_key_excluded(
+                torch._C.DispatchKey.AutogradFunctionality
+            )
+        )
         return result
 
     refuse_device = False  # what the C++ device rule (it needs a CUDA group) answers
@@ -112,14 +117,16 @@ def test_plan_and_simulate_take_a_mode():
     p = fu.plan(2, 0, fu.Mode.HEAD_TO_SEQ, (1, 4, 1, 8), torch.float16)
     assert p == fu.plan(2, 0, 1, (1, 4, 1, 8), torch.float16) and type(p.mode) is int
     xs = [torch.randn(1, 2, 2, 8) for _ in range(2)]
-    assert all(torch.equal(a, b) for a, b in zip(fu.simulate(xs, fu.Mode.SEQ_TO_HEAD),
-                                                 fu.simulate(xs, 0)))
+    assert all(
+        torch.equal(a, b) for a, b in zip(fu.simulate(xs, fu.Mode.SEQ_TO_HEAD), fu.simulate(xs, 0))
+    )
 
 
 def test_the_op_takes_a_mode(world1):
     x = torch.zeros(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
-    out = torch.ops.fast_ulysses.all_to_all_single_4d(x, fu.Mode.HEAD_TO_SEQ, "t",
-                                                      world1.group_name)
+    out = torch.ops.fast_ulysses.all_to_all_single_4d(
+        x, fu.Mode.HEAD_TO_SEQ, "t", world1.group_name
+    )
     assert tuple(out.shape) == (1, 6, 4, 8)
 
 
@@ -135,19 +142,33 @@ def test_fast_group_passes_a_plain_int_mode_to_the_op(fast_group, entry, debug):
     fast_group._debug = debug
     x = torch.zeros(1, 2, 2, 8)
     getattr(fast_group, entry)(x, fu.Mode.HEAD_TO_SEQ, "t")
-    (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    ((name, args),) = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
     assert name == entry and args[1] == 1 and type(args[1]) is int
 
 
-@pytest.mark.parametrize("entry,names", [("all_to_all_single_4d", "OWNED_ARGUMENTS"),
-                                         ("all_to_all_single_4d_borrowed", "BORROWED_ARGUMENTS")])
+@pytest.mark.parametrize(
+    "entry,names",
+    [
+        ("all_to_all_single_4d", "OWNED_ARGUMENTS"),
+        ("all_to_all_single_4d_borrowed", "BORROWED_ARGUMENTS"),
+    ],
+)
 def test_fast_group_passes_the_ops_arguments_in_schema_order(fast_group, entry, names):
     """The method's argument tuple, read by the op's argument names (the one definition)."""
     x = torch.zeros(1, 2, 2, 8)
     getattr(fast_group, entry)(x, 1, "t", seq_splits=[2], head_splits=[2], layout="bshd")
-    (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
-    want = {"x": x, "mode": 1, "tag": "t", "group_name": fast_group.group_name,
-            "seq_splits": [2], "head_splits": [2], "layout": "bshd", "barrier": True, "rank": 0}
+    ((name, args),) = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    want = {
+        "x": x,
+        "mode": 1,
+        "tag": "t",
+        "group_name": fast_group.group_name,
+        "seq_splits": [2],
+        "head_splits": [2],
+        "layout": "bshd",
+        "barrier": True,
+        "rank": 0,
+    }
     assert dict(zip(getattr(_C, names), args)) == {k: want[k] for k in getattr(_C, names)}
     assert len(args) == len(getattr(_C, names))
 
@@ -164,8 +185,9 @@ def test_fast_group_calls_torch_ops_where_the_cuda_module_declines(fast_group, e
     assert calls[0][1] == calls[1][1] and out is x
 
 
-@pytest.mark.parametrize("entry", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed",
-                                   "all_to_all_single_4d_out"])
+@pytest.mark.parametrize(
+    "entry", ["all_to_all_single_4d", "all_to_all_single_4d_borrowed", "all_to_all_single_4d_out"]
+)
 def test_a_declined_call_takes_the_torch_ops_route_as_it_is(fast_group, entry):
     """One route per call kind: what the typed entry declines goes through torch.ops as every
     other torch.ops call does (the op's own autograd kernel decides), never through torch.ops
@@ -190,10 +212,19 @@ def test_plan_takes_dtype_names(name):
 
 
 def test_dtype_names_cover_the_usual_spellings():
-    want = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-            "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32,
-            "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
-            "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8, "uint8": torch.uint8}
+    want = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "fp8_e4m3": torch.float8_e4m3fn,
+        "float8_e4m3fn": torch.float8_e4m3fn,
+        "fp8_e5m2": torch.float8_e5m2,
+        "int8": torch.int8,
+        "uint8": torch.uint8,
+    }
     assert {k: fu.DTYPE_NAMES.get(k) for k in want} == want
 
 
@@ -232,13 +263,16 @@ def test_tag_rule_is_one_message_everywhere(world1, fast_group, tag):
     assert fast_group.recorder.calls == []  # nothing reached the op
 
 
-@pytest.mark.parametrize("splits,message", [
-    ([1.0], "seq_splits[0] is 1.0: split sizes must be ints"),
-    ([True], "seq_splits[0] is True: split sizes must be ints"),
-    ([torch.tensor(True)], "seq_splits[0] is tensor(True): split sizes must be ints"),
-    ("1", "seq_splits is '1': it must be a sequence of ints, one per rank"),
-    (torch.tensor(2), "seq_splits is tensor(2): it must be a sequence of ints, one per rank"),
-])
+@pytest.mark.parametrize(
+    "splits,message",
+    [
+        ([1.0], "seq_splits[0] is 1.0: split sizes must be ints"),
+        ([True], "seq_splits[0] is True: split sizes must be ints"),
+        ([torch.tensor(True)], "seq_splits[0] is tensor(True): split sizes must be ints"),
+        ("1", "seq_splits is '1': it must be a sequence of ints, one per rank"),
+        (torch.tensor(2), "seq_splits is tensor(2): it must be a sequence of ints, one per rank"),
+    ],
+)
 def test_splits_that_are_not_ints_are_one_error_everywhere(world1, fast_group, splits, message):
     """A float split is never cut short (4.7 -> 4) by one group and refused by the other: the
     fast group, the fallback and plan() convert splits in one place and raise its message."""
@@ -254,12 +288,14 @@ def test_splits_that_are_not_ints_are_one_error_everywhere(world1, fast_group, s
     assert [c for c in fast_group.recorder.calls if c[0] != "check_device"] == []
 
 
-@pytest.mark.parametrize("seq", [[2], (2,), torch.tensor([2]), np.array([2]), [np.int64(2)],
-                                 [torch.tensor(2)], range(2, 3)])
+@pytest.mark.parametrize(
+    "seq",
+    [[2], (2,), torch.tensor([2]), np.array([2]), [np.int64(2)], [torch.tensor(2)], range(2, 3)],
+)
 def test_integer_splits_of_any_integer_type_reach_the_op_as_ints(fast_group, seq):
     x = torch.zeros(1, 2, 2, 8)
     fast_group.all_to_all_single_4d(x, 0, "t", seq_splits=seq, head_splits=(2,))
-    (name, args), = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
+    ((name, args),) = [c for c in fast_group.recorder.calls if c[0] != "check_device"]
     assert args[4] == [2] and args[5] == [2] and all(type(v) is int for v in args[4] + args[5])
 
 
@@ -307,22 +343,31 @@ def test_torch_group_satisfies_the_protocol(world1):
 @pytest.mark.parametrize("cls", [UlyssesGroup, TorchUlyssesGroup])
 def test_both_group_classes_have_every_protocol_member(cls):
     methods, attributes = protocol_members()
-    assert set(methods) == {"all_to_all_single_4d", "all_to_all_single_4d_borrowed", "barrier",
-                            "reserve", "stats", "destroy"}
+    assert set(methods) == {
+        "all_to_all_single_4d",
+        "all_to_all_single_4d_borrowed",
+        "barrier",
+        "reserve",
+        "stats",
+        "destroy",
+    }
     assert set(attributes) == {"rank", "world_size", "fallback", "fallback_reason"}
     for name in methods:
         want = inspect.signature(getattr(UlyssesGroupLike, name)).parameters
         got = inspect.signature(getattr(cls, name)).parameters
-        assert [(p.name, p.kind) for p in got.values()] == \
-            [(p.name, p.kind) for p in want.values()], name
+        assert [(p.name, p.kind) for p in got.values()] == [
+            (p.name, p.kind) for p in want.values()
+        ], name
     for name in attributes:
         assert name in vars(cls) or name in cls.__annotations__, name
 
 
 def test_reprs_have_one_shape(world1, fast_group):
     torch_group = TorchUlyssesGroup(world1)
-    assert repr(torch_group) == \
-        "TorchUlyssesGroup(rank=0, world_size=1, fallback=True, reason='requested')"
+    assert (
+        repr(torch_group)
+        == "TorchUlyssesGroup(rank=0, world_size=1, fallback=True, reason='requested')"
+    )
     torch_group.destroy()
     assert repr(torch_group).endswith("reason='requested', destroyed=True)")
     fast_group.device = torch.device("cuda", 0)
@@ -331,9 +376,18 @@ def test_reprs_have_one_shape(world1, fast_group):
 
 def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
     group = TorchUlyssesGroup(world1)
-    assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": False,
-                             "tags": 0, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
-                             "eager_only_signatures": 0, "wide_flags": 0}
+    assert group.stats() == {
+        "pool_bytes": 0,
+        "used_bytes": 0,
+        "segments": 0,
+        "sealed": False,
+        "tags": 0,
+        "deferred": 0,
+        "graph_calls": 0,
+        "graphs_cached": 0,
+        "eager_only_signatures": 0,
+        "wide_flags": 0,
+    }
     assert list(group.stats()) == list(fast_group.stats())
     for tag in ("q", "k"):
         group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, tag, barrier=False)
@@ -341,9 +395,18 @@ def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
     group.barrier()
     group.all_to_all_single_4d_borrowed(torch.zeros(1, 2, 2, 8), 0, "q")
     group.reserve([CallSpec((1, 2, 2, 8), torch.float32, 0, "v")])
-    assert group.stats() == {"pool_bytes": 0, "used_bytes": 0, "segments": 0, "sealed": True,
-                             "tags": 3, "deferred": 0, "graph_calls": 0, "graphs_cached": 0,
-                             "eager_only_signatures": 0, "wide_flags": 0}
+    assert group.stats() == {
+        "pool_bytes": 0,
+        "used_bytes": 0,
+        "segments": 0,
+        "sealed": True,
+        "tags": 3,
+        "deferred": 0,
+        "graph_calls": 0,
+        "graphs_cached": 0,
+        "eager_only_signatures": 0,
+        "wide_flags": 0,
+    }
     group.destroy()
     with pytest.raises(RuntimeError, match="destroyed"):
         group.stats()
@@ -351,6 +414,7 @@ def test_torch_group_stats_have_the_fast_groups_keys(world1, fast_group):
 
 def test_mode_and_tag_rules_trace_under_torch_compile():
     """UlyssesGroup runs them inside compiled regions: they must not break the graph."""
+
     def f(x):
         check_tag("q")
         seq = as_splits([2, 3], "seq_splits")

@@ -41,9 +41,15 @@ def test_custom_attn_fn_sees_bhsd(world1):
     q = torch.randn(2, 5, 3, 8)
     out = module(q, q, q)
     assert seen == [(2, 3, 5, 8)] and torch.equal(out, 3 * q)
-    assert torch.equal(module(q.transpose(0, 1).contiguous(), q.transpose(0, 1).contiguous(),
-                              q.transpose(0, 1).contiguous(), layout="sbhd"),
-                       3 * q.transpose(0, 1))
+    assert torch.equal(
+        module(
+            q.transpose(0, 1).contiguous(),
+            q.transpose(0, 1).contiguous(),
+            q.transpose(0, 1).contiguous(),
+            layout="sbhd",
+        ),
+        3 * q.transpose(0, 1),
+    )
 
 
 def test_mismatched_shapes_raise(world1):
@@ -67,14 +73,23 @@ def test_default_group_uses_the_registry(world1):
 def test_grouped_query_shape_errors(world1):
     module = fu.UlyssesAttention(fu.TorchUlyssesGroup(world1))
     q = torch.zeros(1, 5, 6, 8)
-    with pytest.raises(fu.FastUlyssesError, match=r"k has 4 heads but q has 6: q's head count "
-                                                  r"must be a multiple of k's"):
+    with pytest.raises(
+        fu.FastUlyssesError,
+        match=r"k has 4 heads but q has 6: q's head count "
+        r"must be a multiple of k's",
+    ):
         module(q, torch.zeros(1, 5, 4, 8), torch.zeros(1, 5, 4, 8))
-    with pytest.raises(fu.FastUlyssesError, match=r"v has shape \(1, 5, 3, 8\) but k has "
-                                                  r"\(1, 5, 2, 8\): k and v must have one shape"):
+    with pytest.raises(
+        fu.FastUlyssesError,
+        match=r"v has shape \(1, 5, 3, 8\) but k has "
+        r"\(1, 5, 2, 8\): k and v must have one shape",
+    ):
         module(q, torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 3, 8))
-    with pytest.raises(fu.FastUlyssesError, match=r"k has shape \(1, 5, 2, 4\) but q has .*"
-                                                  r"fewer heads \(dimension 2 in bshd\)"):
+    with pytest.raises(
+        fu.FastUlyssesError,
+        match=r"k has shape \(1, 5, 2, 4\) but q has .*"
+        r"fewer heads \(dimension 2 in bshd\)",
+    ):
         module(q, torch.zeros(1, 5, 2, 4), torch.zeros(1, 5, 2, 4))
     with pytest.raises(fu.FastUlyssesError, match="layout='bdsh': must be"):
         module(q, torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 2, 8), layout="bdsh")
@@ -82,16 +97,18 @@ def test_grouped_query_shape_errors(world1):
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, "2", None])
 def test_pipeline_must_be_a_positive_int(value):
-    with pytest.raises(fu.FastUlyssesError, match=f"pipeline is {value!r}: it must be an int "
-                                                  ">= 1"):
+    with pytest.raises(fu.FastUlyssesError, match=f"pipeline is {value!r}: it must be an int >= 1"):
         fu.UlyssesAttention(pipeline=value)
 
 
 def test_pipeline_past_the_largest_rank_head_count_raises(world1):
     module = fu.UlyssesAttention(fu.TorchUlyssesGroup(world1), pipeline=4)
     q = torch.zeros(1, 5, 3, 8)
-    with pytest.raises(fu.FastUlyssesError, match=r"pipeline is 4 but no rank holds more than "
-                                                  r"3 q heads \(head splits \[3\]\)"):
+    with pytest.raises(
+        fu.FastUlyssesError,
+        match=r"pipeline is 4 but no rank holds more than "
+        r"3 q heads \(head splits \[3\]\)",
+    ):
         module(q, q, q)
 
 
@@ -117,8 +134,7 @@ def test_pipeline_groups_cut_each_rank_and_keep_kv_groups_whole():
     from fast_ulysses.head_groups import head_groups
 
     groups = head_groups((4, 4), 4, 2)  # Hq 8, Hkv 4 (2 q heads a kv head), P 2, G 2
-    assert [(g.q_start, g.q_count, g.q_splits) for g in groups] == [(0, 4, (2, 2)),
-                                                                   (4, 4, (2, 2))]
+    assert [(g.q_start, g.q_count, g.q_splits) for g in groups] == [(0, 4, (2, 2)), (4, 4, (2, 2))]
     assert [g.pieces for g in groups] == [((0, 2),), ((2, 4),)]  # no kv head in two groups
     uneven = head_groups((3, 2, 0), 5, 2)  # no GQA, uneven: each rank's heads cut in 2
     assert [g.q_splits for g in uneven] == [(2, 1, 0), (1, 1, 0)]

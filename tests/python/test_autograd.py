@@ -126,19 +126,22 @@ def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
     group = Group()
     debug.register_debugged(group)
     try:
+
         class Ctx:
             pass
 
         # What torch.library hands the setup: every argument, in schema order.
         ctx = Ctx()
-        autograd._setup_owned(ctx, (torch.zeros(1, 4, 2, 8), 0, "q", group.group_name, [2, 2],
-                                    None, "bshd", 0), None)
+        autograd._setup_owned(
+            ctx, (torch.zeros(1, 4, 2, 8), 0, "q", group.group_name, [2, 2], None, "bshd", 0), None
+        )
         # The gradient of a sum is expanded (strides 0): the check sees what is sent, the
         # contiguous gradient.
         with pytest.raises(ValueError, match="checked"):
             autograd._backward_owned(ctx, torch.zeros(1).expand(1, 4, 2, 8))
-        assert seen == [("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [2, 2],
-                         None, "bshd")]
+        assert seen == [
+            ("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [2, 2], None, "bshd")
+        ]
     finally:
         debug.unregister_debugged(group)
     assert debug.debugged(group.group_name) is None
@@ -149,8 +152,9 @@ def test_the_borrowed_refusal_is_a_value_error_under_torch_compile(world1):
     gets the ValueError itself, not dynamo's error about a failed fake-tensor call."""
     group = fu.TorchUlyssesGroup(world1)
     x = torch.randn(1, 4, 2, 8, requires_grad=True)
-    compiled = torch.compile(lambda t: group.all_to_all_single_4d_borrowed(t, 0, "q") * 2,
-                             backend="aot_eager")
+    compiled = torch.compile(
+        lambda t: group.all_to_all_single_4d_borrowed(t, 0, "q") * 2, backend="aot_eager"
+    )
     try:
         with pytest.raises(ValueError, match="all_to_all_single_4d_borrowed: x requires grad"):
             compiled(x)

@@ -53,14 +53,16 @@ def test_cases_add_a_padded_twin_only_when_needed():
 
 
 def _baseline_worker(rank, world_size, store, case, result_dir):
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     for mode in (0, 1):
         xs = []
         for r in range(world_size):
             shape = case.input_shape(r, mode)
-            xs.append(torch.randn(shape, generator=torch.Generator().manual_seed(r + 10 * mode))
-                      .to(case.dtype))
+            xs.append(
+                torch.randn(shape, generator=torch.Generator().manual_seed(r + 10 * mode)).to(
+                    case.dtype
+                )
+            )
         got = Baseline(dist.group.WORLD, case, mode, rank).full(xs[rank])
         want = fu.simulate(xs, mode, **case.kwargs())[rank]
         assert torch.equal(got, want), (rank, mode)
@@ -74,15 +76,30 @@ def test_baseline_relayout_is_bit_exact_with_simulate():
 
 
 def synthetic_results(with_baseline=True):
-    r = {"bytes_in": 96_768_000, "fast_copy_ms": 0.5, "fast_borrowed_ms": 0.4,
-         "own_share_ms": 0.05, "fast_copy_host_us": 40.0, "fast_borrowed_host_us": 30.0,
-         "fast_overlap": {"gemm_ms": 10, "collective_ms": 0.5, "both_ms": 10.1, "hidden": 0.8}}
+    r = {
+        "bytes_in": 96_768_000,
+        "fast_copy_ms": 0.5,
+        "fast_borrowed_ms": 0.4,
+        "own_share_ms": 0.05,
+        "fast_copy_host_us": 40.0,
+        "fast_borrowed_host_us": 30.0,
+        "fast_overlap": {"gemm_ms": 10, "collective_ms": 0.5, "both_ms": 10.1, "hidden": 0.8},
+    }
     if with_baseline:
-        r.update(baseline_ms=1.2, permute_in_ms=0.2, raw_a2a_ms=0.8, permute_out_ms=0.2,
-                 baseline_host_us=60.0, baseline_matches_fast=True)
-    return {"machine": {"gpu": "test", "world_size": 8, "shared_gpu": not with_baseline},
-            "cases": [{"case": "wan-720p", "mode": 0, "result": r}],
-            "baseline_note": "" if with_baseline else "n/a: NCCL cannot run", "padding": []}
+        r.update(
+            baseline_ms=1.2,
+            permute_in_ms=0.2,
+            raw_a2a_ms=0.8,
+            permute_out_ms=0.2,
+            baseline_host_us=60.0,
+            baseline_matches_fast=True,
+        )
+    return {
+        "machine": {"gpu": "test", "world_size": 8, "shared_gpu": not with_baseline},
+        "cases": [{"case": "wan-720p", "mode": 0, "result": r}],
+        "baseline_note": "" if with_baseline else "n/a: NCCL cannot run",
+        "padding": [],
+    }
 
 
 @pytest.mark.parametrize("with_baseline", [True, False])
@@ -91,6 +108,7 @@ def test_table_json_plot(tmp_path, with_baseline):
     import io
 
     from rich.console import Console
+
     buffer = io.StringIO()
     report.print_table(results, Console(file=buffer, width=200))
     table = buffer.getvalue()
@@ -105,18 +123,26 @@ def test_table_json_plot(tmp_path, with_baseline):
 
 
 def test_slowest_takes_the_max_and_least_hidden():
-    a = {"x": 1.0, "ok": True, "o": {"gemm_ms": 1, "collective_ms": 2, "both_ms": 2, "hidden": .9}}
-    b = {"x": 3.0, "ok": False, "o": {"gemm_ms": 2, "collective_ms": 1, "both_ms": 2, "hidden": .5}}
+    a = {"x": 1.0, "ok": True, "o": {"gemm_ms": 1, "collective_ms": 2, "both_ms": 2, "hidden": 0.9}}
+    b = {
+        "x": 3.0,
+        "ok": False,
+        "o": {"gemm_ms": 2, "collective_ms": 1, "both_ms": 2, "hidden": 0.5},
+    }
     s = report.slowest([a, b])
-    assert s["x"] == 3.0 and s["ok"] is False and s["o"]["hidden"] == .5
+    assert s["x"] == 3.0 and s["ok"] is False and s["o"]["hidden"] == 0.5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-@pytest.mark.parametrize("command", [["fast_ulysses.cli.main", "bench"], ["fast_ulysses.bench"]],
-                         ids=["fast-ulysses bench", "python -m fast_ulysses.bench"])
+@pytest.mark.parametrize(
+    "command",
+    [["fast_ulysses.cli.main", "bench"], ["fast_ulysses.bench"]],
+    ids=["fast-ulysses bench", "python -m fast_ulysses.bench"],
+)
 def test_bench_without_gpu_says_so(command):
-    result = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", *command], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     assert "no CUDA GPU visible" in result.stderr and "Traceback" not in result.stderr
 
@@ -130,6 +156,7 @@ def test_padding_notes_name_the_twin_or_say_not_applicable():
 
 def test_hold_covers_the_host_issue_and_is_capped():
     from fast_ulysses.bench.timing import MAX_HOLD_MS, hold_ms
+
     assert hold_ms(0.1, 50) >= 0.1 * 50 and hold_ms(0.0, 50) > 0
     assert hold_ms(100.0, 50) == MAX_HOLD_MS
 
@@ -138,16 +165,22 @@ def test_negative_or_missing_hidden_is_reported_not_clipped():
     results = synthetic_results()
     results["cases"][0]["result"]["fast_overlap"]["hidden"] = -0.4
     results["cases"][0]["result"]["baseline_overlap"] = {
-        "gemm_ms": 1, "collective_ms": 0, "both_ms": 1, "hidden": None}
+        "gemm_ms": 1,
+        "collective_ms": 0,
+        "both_ms": 1,
+        "hidden": None,
+    }
     text = "\n".join(" ".join(row) for row in report.rows(results))
     assert "-40% hidden" in text and "n/a hidden" in text
-    s = report.slowest([{"o": {"hidden": None, "both_ms": None}},
-                        {"o": {"hidden": .3, "both_ms": 2}}])
-    assert s["o"] == {"hidden": .3, "both_ms": 2}
+    s = report.slowest(
+        [{"o": {"hidden": None, "both_ms": None}}, {"o": {"hidden": 0.3, "both_ms": 2}}]
+    )
+    assert s["o"] == {"hidden": 0.3, "both_ms": 2}
 
 
 def _micro_copy():
     from fast_ulysses.bench import micro_copy
+
     return micro_copy
 
 
@@ -155,8 +188,12 @@ def _micro_copy():
 def test_each_benchmark_runs_as_a_module(module):
     """Every standalone benchmark is a module of the installed package: `python -m
     fast_ulysses.bench.<module> --help` imports it and prints its options (no GPU needed)."""
-    result = subprocess.run([sys.executable, "-m", f"fast_ulysses.bench.{module}", "--help"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", f"fast_ulysses.bench.{module}", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, (module, result.stderr)
     assert "--json" in result.stdout and "Traceback" not in result.stderr, result.stdout
 
@@ -173,8 +210,12 @@ def test_micro_copy_batch_call_matches_the_binding():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_micro_copy_without_gpu_says_so():
-    result = subprocess.run([sys.executable, "-m", "fast_ulysses.bench.micro_copy"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "fast_ulysses.bench.micro_copy"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and "needs a CUDA GPU" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -183,6 +224,7 @@ def test_median_ms_holds_the_device_before_the_timed_calls(monkeypatch):
     """The call sequence of median_ms with torch.cuda faked: warmup + 3 issue-timing + iters
     calls (the same on every rank), and the spin queued after those 3 and before the timed ones."""
     from fast_ulysses.bench import timing
+
     log = []
 
     class Event:
@@ -206,11 +248,12 @@ def test_median_ms_holds_the_device_before_the_timed_calls(monkeypatch):
     assert timing.median_ms(lambda: log.append("fn"), iters=4, warmup=2) == 2.0
     assert log.count("fn") == 2 + 3 + 4
     last_sleep = max(i for i, e in enumerate(log) if isinstance(e, tuple))
-    assert log[last_sleep + 1:].count("fn") == 4 and "fn" not in log[last_sleep - 2:last_sleep]
+    assert log[last_sleep + 1 :].count("fn") == 4 and "fn" not in log[last_sleep - 2 : last_sleep]
 
 
 def test_chain_length_and_gemm_shrinking():
     from fast_ulysses.bench.timing import MIN_GEMM_SIZE, chain_length, smaller_gemm
+
     assert chain_length(0.3, 0.9) == 3 and chain_length(0.2, 0.9) == 5  # >= the collective
     assert chain_length(0.025, 0.24) == 10 and chain_length(0.1, 0.301) == 4
     assert chain_length(12.6, 0.24) == 1 and chain_length(0.0, 1.0) == 1  # never an empty chain
@@ -224,9 +267,11 @@ def test_fit_chain_halves_until_one_gemm_fits_then_counts(monkeypatch):
     """The chain for a 0.24 ms collective (the P = 1 case that printed 264% hidden beside a
     12.6 ms chain), with one GEMM faked as 1.6 ms at 8192 and cubic in the size."""
     from fast_ulysses.bench import stages
+
     sizes = []
-    monkeypatch.setattr(stages, "gemm_chain", lambda device, size, count: (sizes.append(size),
-                                                                           size)[1])
+    monkeypatch.setattr(
+        stages, "gemm_chain", lambda device, size, count: (sizes.append(size), size)[1]
+    )
     monkeypatch.setattr(stages, "median_ms", lambda size, it, wu: 1.6 * (size / 8192) ** 3)
     assert stages.fit_chain("cpu", 8192, 0.24, 5, 2) == (2048, 10)  # 10 x 0.025 ms
     assert sizes == [8192, 4096, 2048]
@@ -237,8 +282,10 @@ def test_fit_chain_halves_until_one_gemm_fits_then_counts(monkeypatch):
 
 def test_measure_overlap_sizes_the_chain_to_the_collective(monkeypatch):
     from fast_ulysses.bench import stages
-    ctx = argparse.Namespace(iters=40, device="cpu", gemm_size=8192, gemms="auto",
-                             overlap_repeats=3)
+
+    ctx = argparse.Namespace(
+        iters=40, device="cpu", gemm_size=8192, gemms="auto", overlap_repeats=3
+    )
     calls = {}
     monkeypatch.setattr(stages, "on_side", lambda fn: "coll-on-side")
     monkeypatch.setattr(stages, "median_ms", lambda fn, it, wu: 0.3)
@@ -248,6 +295,7 @@ def test_measure_overlap_sizes_the_chain_to_the_collective(monkeypatch):
     def fake_overlap(gemms, collective, it, wu, repeats):
         calls.update(gemms=gemms, it=it, repeats=repeats)
         return {"hidden": 0.5}
+
     monkeypatch.setattr(stages, "overlap", fake_overlap)
     o = stages.measure_overlap(ctx, lambda: None)
     assert o == {"hidden": 0.5, "gemm_size": 2048, "gemms": 3, "target_ms": 0.3}
@@ -259,10 +307,13 @@ def test_measure_overlap_sizes_the_chain_to_the_collective(monkeypatch):
 
 def test_overlap_summary_is_the_median_and_spread_of_hidden():
     from fast_ulysses.bench.timing import spread, summarize_overlap
+
     assert spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
     assert spread([None]) == {"median": None, "min": None, "max": None}
-    runs = [{"gemm_ms": g, "collective_ms": c, "both_ms": b, "hidden": (g + c - b) / c}
-            for g, c, b in ((0.30, 0.25, 0.40), (0.32, 0.24, 0.50), (0.29, 0.26, 0.31))]
+    runs = [
+        {"gemm_ms": g, "collective_ms": c, "both_ms": b, "hidden": (g + c - b) / c}
+        for g, c, b in ((0.30, 0.25, 0.40), (0.32, 0.24, 0.50), (0.29, 0.26, 0.31))
+    ]
     s = summarize_overlap(runs)
     assert s["hidden"] == pytest.approx(0.6) and s["hidden_min"] == pytest.approx(0.25)
     assert s["hidden_max"] == pytest.approx(0.24 / 0.26)
@@ -274,11 +325,23 @@ def _graph_results(error=None):
     results = synthetic_results()
     r = results["cases"][0]["result"]
     r["graph_copy"] = {"ms": 0.25, "host_us": 8.0, "error": None}
-    r["graph_borrowed"] = {"ms": None, "host_us": None, "error": error} if error else {
-        "ms": 0.2, "host_us": 6.5, "error": None}
-    r["fast_overlap"] = {"gemm_ms": 0.26, "collective_ms": 0.24, "both_ms": 0.35, "hidden": 0.625,
-                         "hidden_min": 0.5, "hidden_max": 0.75, "runs": [{}] * 5,
-                         "gemm_size": 4096, "gemms": 1, "target_ms": 0.24}
+    r["graph_borrowed"] = (
+        {"ms": None, "host_us": None, "error": error}
+        if error
+        else {"ms": 0.2, "host_us": 6.5, "error": None}
+    )
+    r["fast_overlap"] = {
+        "gemm_ms": 0.26,
+        "collective_ms": 0.24,
+        "both_ms": 0.35,
+        "hidden": 0.625,
+        "hidden_min": 0.5,
+        "hidden_max": 0.75,
+        "runs": [{}] * 5,
+        "gemm_size": 4096,
+        "gemms": 1,
+        "target_ms": 0.24,
+    }
     return results
 
 
@@ -286,8 +349,9 @@ def test_table_and_json_carry_the_graph_rows_and_overlap_spread(tmp_path):
     table = {row[1]: row for row in report.rows(_graph_results())}
     assert table["graph copy"][2:] == ["0.250", "387.1", "4.80x", "8.0"]  # 1.2 / 0.25
     assert table["graph borrowed"][2:] == ["0.200", "483.8", "6.00x", "6.5"]
-    assert table["overlap fast copy"][2] == ("62% hidden [50%, 75% over 5] (chain: 1 x 4096 "
-                                             "GEMMs 0.260 ms, coll 0.240, both 0.350)")
+    assert table["overlap fast copy"][2] == (
+        "62% hidden [50%, 75% over 5] (chain: 1 x 4096 GEMMs 0.260 ms, coll 0.240, both 0.350)"
+    )
     saved = json.loads(report.write_json(_graph_results(), tmp_path, "g").read_text())
     assert saved["cases"][0]["result"]["graph_borrowed"]["ms"] == 0.2
     assert saved["cases"][0]["result"]["fast_overlap"]["hidden_max"] == 0.75
@@ -297,30 +361,37 @@ def test_a_capture_error_is_a_row_not_a_crash(tmp_path):
     error = "rank 3: RuntimeError: " + "operation not permitted when stream is capturing " * 9
     results = _graph_results(error)
     table = {row[1]: row for row in report.rows(results)}
-    assert table["graph borrowed"][2] == "n/a: " + error[:report.ERROR_CHARS]
+    assert table["graph borrowed"][2] == "n/a: " + error[: report.ERROR_CHARS]
     assert table["graph copy"][2] == "0.250"
     saved = json.loads(report.write_json(results, tmp_path, "e").read_text())
     assert saved["cases"][0]["result"]["graph_borrowed"]["error"] == error
     import io
 
     from rich.console import Console
+
     report.print_table(results, Console(file=io.StringIO(), width=200))
 
 
 def test_slowest_keeps_an_overlap_record_whole_and_the_agreed_error():
     def o(hidden, top):
-        return {"hidden": hidden, "hidden_min": hidden and hidden - .1, "hidden_max": top,
-                "gemms": 2}
-    a = {"o": o(.8, .95), "g": {"ms": None, "error": "rank 1: boom"}}
-    b = {"o": o(.4, 1.9), "g": {"ms": None, "error": "rank 1: boom"}}
+        return {
+            "hidden": hidden,
+            "hidden_min": hidden and hidden - 0.1,
+            "hidden_max": top,
+            "gemms": 2,
+        }
+
+    a = {"o": o(0.8, 0.95), "g": {"ms": None, "error": "rank 1: boom"}}
+    b = {"o": o(0.4, 1.9), "g": {"ms": None, "error": "rank 1: boom"}}
     s = report.slowest([a, b])
-    assert s["o"] == o(.4, 1.9)  # the least hidden rank's spread, not a max across ranks
+    assert s["o"] == o(0.4, 1.9)  # the least hidden rank's spread, not a max across ranks
     assert s["g"] == {"ms": None, "error": "rank 1: boom"}
     assert report.slowest([{"o": o(None, None)}, {"o": o(None, None)}])["o"]["gemms"] == 2
 
 
 def test_first_error_names_the_first_failing_rank():
     from fast_ulysses.bench.stages import first_error
+
     assert first_error([None, None]) is None
     assert first_error([None, "ValueError: x", "RuntimeError: y"]) == "rank 1: ValueError: x"
 
@@ -330,18 +401,22 @@ def test_graph_timing_records_a_capture_error_or_times_replays(world1, monkeypat
 
     def broken(fn):
         raise RuntimeError("capture invalidated")
+
     monkeypatch.setattr(stages, "capture", broken)
     assert stages.graph_timing(lambda: None, 5, 1) == {
-        "ms": None, "host_us": None, "error": "rank 0: RuntimeError: capture invalidated"}
+        "ms": None,
+        "host_us": None,
+        "error": "rank 0: RuntimeError: capture invalidated",
+    }
 
     log = []
-    graph = argparse.Namespace(replay=lambda: log.append("replay"),
-                               reset=lambda: log.append("reset"))
+    graph = argparse.Namespace(
+        replay=lambda: log.append("replay"), reset=lambda: log.append("reset")
+    )
     monkeypatch.setattr(stages, "capture", lambda fn: graph)
     monkeypatch.setattr(stages, "median_ms", lambda fn, it, wu: (fn(), 0.125)[1])
     monkeypatch.setattr(stages, "host_us", lambda fn, it: (fn(), 7.5)[1])
-    assert stages.graph_timing(lambda: None, 5, 1) == {"ms": 0.125, "host_us": 7.5,
-                                                       "error": None}
+    assert stages.graph_timing(lambda: None, 5, 1) == {"ms": 0.125, "host_us": 7.5, "error": None}
     assert log == ["replay", "replay", "reset"]
 
 
@@ -355,8 +430,14 @@ def test_bench_cli_flags_and_defaults_in_help():
     with pytest.raises(SystemExit):
         parser.parse_args(["--gemms", "-1"])
     text = " ".join(parser.format_help().split())
-    for default in ("(default: auto)", "(default: 5)", "(default: 8192)", "(default: 50)",
-                    "(default: 0)", "(default: fast-ulysses-results)"):
+    for default in (
+        "(default: auto)",
+        "(default: 5)",
+        "(default: 8192)",
+        "(default: 50)",
+        "(default: 0)",
+        "(default: fast-ulysses-results)",
+    ):
         assert default in text, default
     assert "(default: None)" not in text and "(default: False)" not in text
 
@@ -364,13 +445,23 @@ def test_bench_cli_flags_and_defaults_in_help():
 def test_fused_rows_give_time_bandwidth_and_cost_against_the_plain_call():
     results = _graph_results()
     r = results["cases"][0]["result"]
-    r["fused"] = {"norm": "all_heads", "rope_style": "interleaved", "fused_ms": 0.25,
-                  "unfused_ms": 0.75, "plain_borrowed_ms": 0.2, "fused_host_us": 9.0,
-                  "bytes_moved": 2 * r["bytes_in"]}
+    r["fused"] = {
+        "norm": "all_heads",
+        "rope_style": "interleaved",
+        "fused_ms": 0.25,
+        "unfused_ms": 0.75,
+        "plain_borrowed_ms": 0.2,
+        "fused_host_us": 9.0,
+        "bytes_moved": 2 * r["bytes_in"],
+    }
     table = {row[1]: row for row in report.rows(results)}
     fused = table["fused norm + RoPE scatter (all_heads, interleaved; GB/s: read + write)"]
-    assert fused[2:] == ["0.250", f"{2 * r['bytes_in'] / 0.25 / 1e6:.1f}", "1.25x plain's time",
-                         "9.0"]
+    assert fused[2:] == [
+        "0.250",
+        f"{2 * r['bytes_in'] / 0.25 / 1e6:.1f}",
+        "1.25x plain's time",
+        "9.0",
+    ]
     assert table["  unfused: torch norm + RoPE, then borrowed"][4] == "3.75x plain's time"
     assert table["  plain borrowed (no norm, no RoPE)"][4] == "1.00x plain's time"
 
@@ -399,6 +490,7 @@ def test_transfer_row_is_over_peer_bytes_and_not_applicable_at_one_rank():
 
 def test_own_share_bytes_are_this_ranks_chunk():
     from fast_ulysses.bench.stages import own_share_bytes
+
     case = Case("t", 1, [3, 5], [2, 4], 16, torch.bfloat16)
     x0 = torch.empty(case.input_shape(1, 0), dtype=torch.bfloat16)  # (1, 5, 6, 16)
     assert own_share_bytes(case, 0, 1, x0) == 1 * 5 * 4 * 16 * 2
@@ -409,31 +501,41 @@ def test_own_share_bytes_are_this_ranks_chunk():
 BEYOND = "is beyond int64: it must be in [-2^63, 2^63 - 1]"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--shape", "a,b"], "argument --shape: 'a,b': 'a' is not an integer"),
-    (["--shape", "1,2,3"], "argument --shape: '1,2,3': it must be 4 comma-separated integers"),
-    (["--shape", "1,0,4,8"], "argument --shape: '1,0,4,8': it must be 4 comma-separated integers"),
-    (["--shape", f"1,2,3,{2 ** 63}"], f"argument --shape: '1,2,3,{2 ** 63}': '{2 ** 63}' {BEYOND}"),
-    (["--iters", "0"], "argument --iters: '0' is out of range: it must be >= 1 (e.g. 50)"),
-    (["--iters", "2.5"], "argument --iters: '2.5' is not an integer (e.g. 50)"),
-    (["--warmup", "-1"], "argument --warmup: '-1' is out of range: it must be >= 0"),
-    (["--warmup", str(2 ** 63)], f"argument --warmup: '{2 ** 63}' {BEYOND}"),
-    (["--text-tokens", "-1"], "argument --text-tokens: '-1' is out of range: it must be >= 0"),
-    (["--gemm-size", "0"], "argument --gemm-size: '0' is out of range: it must be >= 1"),
-    (["--gemms", "x"], "argument --gemms: 'x' is not an integer (e.g. 4 or auto)"),
-    (["--gemms", str(2 ** 64)], f"argument --gemms: '{2 ** 64}' {BEYOND}"),
-    (["--overlap-repeats", "0"], "argument --overlap-repeats: '0' is out of range"),
-    (["--nproc", "0"], "argument --nproc: '0' is out of range: it must be in [1, 8]"),
-    (["--nproc", "9"], "argument --nproc: '9' is out of range: it must be in [1, 8]"),
-    (["--nproc", str(2 ** 63)], f"argument --nproc: '{2 ** 63}' {BEYOND}"),
-    (["--modes", "0,2"], "argument --modes: '0,2': every mode must be 0 or 1"),
-    (["--modes", "x"], "argument --modes: 'x': 'x' is not an integer"),
-    (["--shape", "1,1000000000,1000000,128"],
-     "--shape 1,1000000000,1000000,128 on 8 ranks, mode 0: tensor of 1.28e+17 bytes: larger "
-     "than the 2^50-byte limit"),
-    (["--preset", "wan-720p", "--text-tokens", str(2 ** 63 - 1)],
-     f"--preset wan-720p with --text-tokens {2 ** 63 - 1} on 8 ranks, mode 0: "),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--shape", "a,b"], "argument --shape: 'a,b': 'a' is not an integer"),
+        (["--shape", "1,2,3"], "argument --shape: '1,2,3': it must be 4 comma-separated integers"),
+        (
+            ["--shape", "1,0,4,8"],
+            "argument --shape: '1,0,4,8': it must be 4 comma-separated integers",
+        ),
+        (["--shape", f"1,2,3,{2**63}"], f"argument --shape: '1,2,3,{2**63}': '{2**63}' {BEYOND}"),
+        (["--iters", "0"], "argument --iters: '0' is out of range: it must be >= 1 (e.g. 50)"),
+        (["--iters", "2.5"], "argument --iters: '2.5' is not an integer (e.g. 50)"),
+        (["--warmup", "-1"], "argument --warmup: '-1' is out of range: it must be >= 0"),
+        (["--warmup", str(2**63)], f"argument --warmup: '{2**63}' {BEYOND}"),
+        (["--text-tokens", "-1"], "argument --text-tokens: '-1' is out of range: it must be >= 0"),
+        (["--gemm-size", "0"], "argument --gemm-size: '0' is out of range: it must be >= 1"),
+        (["--gemms", "x"], "argument --gemms: 'x' is not an integer (e.g. 4 or auto)"),
+        (["--gemms", str(2**64)], f"argument --gemms: '{2**64}' {BEYOND}"),
+        (["--overlap-repeats", "0"], "argument --overlap-repeats: '0' is out of range"),
+        (["--nproc", "0"], "argument --nproc: '0' is out of range: it must be in [1, 8]"),
+        (["--nproc", "9"], "argument --nproc: '9' is out of range: it must be in [1, 8]"),
+        (["--nproc", str(2**63)], f"argument --nproc: '{2**63}' {BEYOND}"),
+        (["--modes", "0,2"], "argument --modes: '0,2': every mode must be 0 or 1"),
+        (["--modes", "x"], "argument --modes: 'x': 'x' is not an integer"),
+        (
+            ["--shape", "1,1000000000,1000000,128"],
+            "--shape 1,1000000000,1000000,128 on 8 ranks, mode 0: tensor of 1.28e+17 bytes: larger "
+            "than the 2^50-byte limit",
+        ),
+        (
+            ["--preset", "wan-720p", "--text-tokens", str(2**63 - 1)],
+            f"--preset wan-720p with --text-tokens {2**63 - 1} on 8 ranks, mode 0: ",
+        ),
+    ],
+)
 def test_bench_checks_every_argument_before_the_gpu(capsys, argv, message):
     """A bad argument is one usage line naming it (exit 2), on any machine: no "no CUDA GPU",
     no traceback, no rank spawned."""
@@ -456,19 +558,23 @@ def test_bench_check_plans_every_case():
     assert bench.check(_args(), 8) == ""
     assert bench.check(_args(shape="1,1073741824,4096,128"), 2) == ""  # 2^50 bytes: the limit
     assert bench.check(_args(shape="1,1073741825,4096,128"), 2).startswith(
-        "--shape 1,1073741825,4096,128 on 2 ranks, mode 0: tensor of ")
-    rows = 2 ** 50 // (3 * 128 * 2)  # the most rows of 3 heads that fit, not a multiple of 8
+        "--shape 1,1073741825,4096,128 on 2 ranks, mode 0: tensor of "
+    )
+    rows = 2**50 // (3 * 128 * 2)  # the most rows of 3 heads that fit, not a multiple of 8
     problem = bench.check(_args(shape=f"1,{rows},3,128"), 8)
     assert problem.startswith(f"--shape 1,{rows},3,128 (padded) on 8 ranks, mode 0: tensor of ")
 
 
-@pytest.mark.parametrize("world_size,rank,message", [
-    (2 ** 63, 0, f"world_size is {2 ** 63}: it must fit in int64"),
-    (8, 2.0, "rank is 2.0: it must be an int (e.g. 2)"),
-    (True, 0, "world_size is True: it must be an int, not a bool"),
-    (9, 0, "world_size=9: must be in [1, 8]"),
-    (8, -1, "rank=-1: must be in [0, world_size=8)"),
-])
+@pytest.mark.parametrize(
+    "world_size,rank,message",
+    [
+        (2**63, 0, f"world_size is {2**63}: it must fit in int64"),
+        (8, 2.0, "rank is 2.0: it must be an int (e.g. 2)"),
+        (True, 0, "world_size is True: it must be an int, not a bool"),
+        (9, 0, "world_size=9: must be in [1, 8]"),
+        (8, -1, "rank=-1: must be in [0, world_size=8)"),
+    ],
+)
 def test_a_preset_refuses_what_the_plan_refuses_by_name(world_size, rank, message):
     with pytest.raises(fu.errors.FastUlyssesError) as info:
         preset_call("wan-720p", world_size, rank)
@@ -478,18 +584,38 @@ def test_a_preset_refuses_what_the_plan_refuses_by_name(world_size, rank, messag
 def test_attention_rows_give_both_times_and_the_pipelined_cost():
     results = synthetic_results()
     r = results["cases"][0]["result"]
-    r["attention"] = {"pipeline": 4, "plain_ms": 20.0, "pipelined_ms": 17.0,
-                      "max_abs_diff": 0.0, "error": None}
+    r["attention"] = {
+        "pipeline": 4,
+        "plain_ms": 20.0,
+        "pipelined_ms": 17.0,
+        "max_abs_diff": 0.0,
+        "error": None,
+    }
     table = {row[1]: row for row in report.rows(results)}
     assert table["UlyssesAttention pipeline=1 (forward, no grad)"][2:] == [
-        "20.000", "n/a", "1.00x plain's time", "n/a"]
+        "20.000",
+        "n/a",
+        "1.00x plain's time",
+        "n/a",
+    ]
     assert table["UlyssesAttention pipeline=4 (forward, no grad), max |diff| 0"][2:] == [
-        "17.000", "n/a", "0.85x plain's time", "n/a"]
-    r["attention"] = {"pipeline": 9, "plain_ms": None, "pipelined_ms": None,
-                      "max_abs_diff": None, "error": "rank 0: FastUlyssesError: pipeline is 9"}
+        "17.000",
+        "n/a",
+        "0.85x plain's time",
+        "n/a",
+    ]
+    r["attention"] = {
+        "pipeline": 9,
+        "plain_ms": None,
+        "pipelined_ms": None,
+        "max_abs_diff": None,
+        "error": "rank 0: FastUlyssesError: pipeline is 9",
+    }
     table = {row[1]: row for row in report.rows(results)}
-    assert table["UlyssesAttention pipeline=9 (forward, no grad)"][2] == \
-        "n/a: rank 0: FastUlyssesError: pipeline is 9"
+    assert (
+        table["UlyssesAttention pipeline=9 (forward, no grad)"][2]
+        == "n/a: rank 0: FastUlyssesError: pipeline is 9"
+    )
 
 
 def test_attention_row_runs_on_cpu_ranks(world1, monkeypatch):
@@ -500,26 +626,34 @@ def test_attention_row_runs_on_cpu_ranks(world1, monkeypatch):
     from fast_ulysses.bench import attention
 
     timed = []
-    monkeypatch.setattr(attention, "median_ms",
-                        lambda fn, it, wu: (timed.append(fn().shape), 1.5 + len(timed))[1])
+    monkeypatch.setattr(
+        attention, "median_ms", lambda fn, it, wu: (timed.append(fn().shape), 1.5 + len(timed))[1]
+    )
     case = Case("t", 1, [12], [6], 16, torch.float32)
     x = torch.randn(case.input_shape(0, 0))
-    ctx = argparse.Namespace(fast=fu.TorchUlyssesGroup(world1), pipeline=3, iters=50,
-                             warmup=10)
+    ctx = argparse.Namespace(fast=fu.TorchUlyssesGroup(world1), pipeline=3, iters=50, warmup=10)
     got = attention.run_attention(case, ctx, x)
-    assert got == {"pipeline": 3, "plain_ms": 2.5, "pipelined_ms": 3.5, "max_abs_diff": 0.0,
-                   "error": None}, got
+    assert got == {
+        "pipeline": 3,
+        "plain_ms": 2.5,
+        "pipelined_ms": 3.5,
+        "max_abs_diff": 0.0,
+        "error": None,
+    }, got
     assert timed == [x.shape, x.shape]
     ctx.pipeline = 7
     got = attention.run_attention(case, ctx, x)
     assert got["plain_ms"] is None and got["pipelined_ms"] is None and len(timed) == 2
-    assert got["error"].startswith("rank 0: FastUlyssesError: pipeline is 7 but no rank holds "
-                                   "more than 6 q heads"), got
+    assert got["error"].startswith(
+        "rank 0: FastUlyssesError: pipeline is 7 but no rank holds more than 6 q heads"
+    ), got
 
 
 def test_bench_checks_the_pipeline_against_the_heads():
     problem = bench.check(_args(preset="wan-720p", pipeline=6, nproc=8), 8)
-    assert problem.startswith("--preset wan-720p on 8 ranks, --pipeline 6: pipeline is 6 but no "
-                              "rank holds more than 5 q heads"), problem
+    assert problem.startswith(
+        "--preset wan-720p on 8 ranks, --pipeline 6: pipeline is 6 but no "
+        "rank holds more than 5 q heads"
+    ), problem
     assert bench.check(_args(preset="wan-720p", pipeline=5, nproc=8), 8) == ""
     assert bench.check(_args(preset="wan-720p", pipeline=6, nproc=8, modes="1"), 8) == ""

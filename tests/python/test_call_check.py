@@ -11,16 +11,26 @@ import call_check as _worker
 import pytest
 
 WORLD = 3
-PER_P = [(name, P) for P in (2, 3)
-         for name in _worker.MISMATCH_CHECKS + _worker.SWITCH_CHECKS + _worker.OUT_CHECKS]
+PER_P = [
+    (name, P)
+    for P in (2, 3)
+    for name in _worker.MISMATCH_CHECKS + _worker.SWITCH_CHECKS + _worker.OUT_CHECKS
+]
 PER_P += [(name, 1) for name in _worker.OUT_CHECKS]
 
 
 @pytest.fixture(scope="module")
 def three_ranks(launch_ranks):
-    return launch_ranks("call_check", WORLD, timeout=300,
-                        env={"CUDA_VISIBLE_DEVICES": "", "FAST_ULYSSES_CHECK_CALLS": None,
-                             "FAST_ULYSSES_DEBUG": None})
+    return launch_ranks(
+        "call_check",
+        WORLD,
+        timeout=300,
+        env={
+            "CUDA_VISIBLE_DEVICES": "",
+            "FAST_ULYSSES_CHECK_CALLS": None,
+            "FAST_ULYSSES_DEBUG": None,
+        },
+    )
 
 
 @pytest.mark.parametrize("name,P", PER_P, ids=[f"{n}-P{P}" for n, P in PER_P])

@@ -15,8 +15,9 @@ WIDE = {**os.environ, "COLUMNS": "200"}  # help lines unwrapped, so a default re
 
 
 def run(*argv, module="fast_ulysses"):
-    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
-                          timeout=120, env=WIDE)
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120, env=WIDE
+    )
 
 
 @pytest.mark.parametrize("module", ["fast_ulysses", "fast_ulysses.cli.main"])
@@ -28,8 +29,9 @@ def test_version(module):
 
 @pytest.mark.skipif(shutil.which("fast-ulysses") is None, reason="entry point not installed")
 def test_version_of_the_installed_command():
-    result = subprocess.run(["fast-ulysses", "--version"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        ["fast-ulysses", "--version"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"fast-ulysses {fast_ulysses.__version__}\n"
 
@@ -78,14 +80,23 @@ def test_doctor_help():
     assert "(default: False)" not in result.stdout
 
 
-@pytest.mark.parametrize("argv,message", [
-    (("bench", "--shape", "a,b"), "fast-ulysses bench: error: argument --shape: 'a,b': 'a' is "
-                                  "not an integer"),
-    (("bench", "--nproc", str(2 ** 63)), f"fast-ulysses bench: error: argument --nproc: "
-                                         f"'{2 ** 63}' is beyond int64"),
-    (("plan", "--preset", "wan-720p", "--world-size", str(2 ** 64)),
-     f"fast-ulysses plan: error: argument --world-size: '{2 ** 64}' is beyond int64"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ("bench", "--shape", "a,b"),
+            "fast-ulysses bench: error: argument --shape: 'a,b': 'a' is not an integer",
+        ),
+        (
+            ("bench", "--nproc", str(2**63)),
+            f"fast-ulysses bench: error: argument --nproc: '{2**63}' is beyond int64",
+        ),
+        (
+            ("plan", "--preset", "wan-720p", "--world-size", str(2**64)),
+            f"fast-ulysses plan: error: argument --world-size: '{2**64}' is beyond int64",
+        ),
+    ],
+)
 def test_a_bad_integer_is_one_usage_line_on_any_machine(argv, message):
     """The installed command's way in: exit 2, the last stderr line names the option, no
     traceback; bench says so before it looks for a GPU."""

@@ -14,8 +14,12 @@ from fast_ulysses.topology import MAX_RANKS
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fast_ulysses.cli.main", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fast_ulysses.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_plan_wan_720p_prints_chunk_bytes():
@@ -26,8 +30,19 @@ def test_plan_wan_720p_prints_chunk_bytes():
 
 
 def test_plan_custom_shape_uneven_heads():
-    result = run_cli("plan", "--shape", "1,100,12,128", "--world-size", "8",
-                     "--head-splits", "2,2,2,2,1,1,1,1", "--rank", "7", "--layout", "sbhd")
+    result = run_cli(
+        "plan",
+        "--shape",
+        "1,100,12,128",
+        "--world-size",
+        "8",
+        "--head-splits",
+        "2,2,2,2,1,1,1,1",
+        "--rank",
+        "7",
+        "--layout",
+        "sbhd",
+    )
     assert result.returncode == 0, result.stderr
     assert "head_splits [2, 2, 2, 2, 1, 1, 1, 1]" in result.stdout
 
@@ -77,15 +92,17 @@ def test_plan_empty_list_is_refused_not_ignored(option):
 @pytest.mark.parametrize("option", ["--shape", "--seq-splits", "--head-splits"])
 def test_plan_non_integer_list(option):
     args = ["plan", "--world-size", "8"]
-    args += [option, "1,100,12,x"] if option == "--shape" else [
-        "--shape", "1,100,16,128", option, "1,x"]
+    args += (
+        [option, "1,100,12,x"]
+        if option == "--shape"
+        else ["--shape", "1,100,16,128", option, "1,x"]
+    )
     line = _assert_usage_error(run_cli(*args), f"argument {option}: ", "'x' is not an integer")
     assert "invalid _ints value" not in line
 
 
 def test_plan_preset_and_shape_together():
-    result = run_cli("plan", "--preset", "wan-720p", "--shape", "1,100,12,128",
-                     "--world-size", "8")
+    result = run_cli("plan", "--preset", "wan-720p", "--shape", "1,100,12,128", "--world-size", "8")
     _assert_usage_error(result, "--shape", "not allowed with argument --preset")
 
 
@@ -116,15 +133,38 @@ def test_plan_json_wan_720p():
 
 def test_plan_json_matches_the_python_plan():
     args = dict(world_size=8, rank=7, mode=1, shape=(100, 1, 1, 128))
-    result = run_cli("plan", "--shape", "100,1,1,128", "--world-size", "8", "--rank", "7",
-                     "--mode", "1", "--layout", "sbhd", "--dtype", "fp16",
-                     "--head-splits", "2,2,2,2,1,1,1,1", "--seq-splits", "13,13,13,13,12,12,12,12",
-                     "--json")
+    result = run_cli(
+        "plan",
+        "--shape",
+        "100,1,1,128",
+        "--world-size",
+        "8",
+        "--rank",
+        "7",
+        "--mode",
+        "1",
+        "--layout",
+        "sbhd",
+        "--dtype",
+        "fp16",
+        "--head-splits",
+        "2,2,2,2,1,1,1,1",
+        "--seq-splits",
+        "13,13,13,13,12,12,12,12",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    p = fu.plan(args["world_size"], args["rank"], args["mode"], args["shape"], torch.float16,
-                head_splits=[2, 2, 2, 2, 1, 1, 1, 1], seq_splits=[13] * 4 + [12] * 4,
-                layout="sbhd")
+    p = fu.plan(
+        args["world_size"],
+        args["rank"],
+        args["mode"],
+        args["shape"],
+        torch.float16,
+        head_splits=[2, 2, 2, 2, 1, 1, 1, 1],
+        seq_splits=[13] * 4 + [12] * 4,
+        layout="sbhd",
+    )
     assert out["dtype"] == "float16" and out["layout"] == "sbhd" and out["mode"] == 1
     assert out["seq_splits"] == [13] * 4 + [12] * 4
     assert out["element_size"] == 2 and len(out["descriptors"]) == 8
@@ -133,34 +173,45 @@ def test_plan_json_matches_the_python_plan():
     assert out["seq_splits"] == p.seq_splits and out["head_splits"] == p.head_splits
     assert out["window_bytes"] == p.window_bytes
     assert out["bytes_per_peer"] == [d.bytes for d in p]
-    fields = ("peer", "src_offset", "dst_offset", "width", "height", "depth", "src_pitch",
-              "dst_pitch", "src_slice_pitch", "dst_slice_pitch")
+    fields = (
+        "peer",
+        "src_offset",
+        "dst_offset",
+        "width",
+        "height",
+        "depth",
+        "src_pitch",
+        "dst_pitch",
+        "src_slice_pitch",
+        "dst_slice_pitch",
+    )
     assert [[d[f] for f in fields] for d in out["descriptors"]] == [d.as_list() for d in p]
     assert [d["bytes"] for d in out["descriptors"]] == out["bytes_per_peer"]
 
 
-@pytest.mark.parametrize("layout,shape", [("bshd", [1, 9450, 40, 128]),
-                                          ("sbhd", [9450, 1, 40, 128]),
-                                          ("bhsd", [1, 40, 9450, 128])])
+@pytest.mark.parametrize(
+    "layout,shape",
+    [("bshd", [1, 9450, 40, 128]), ("sbhd", [9450, 1, 40, 128]), ("bhsd", [1, 40, 9450, 128])],
+)
 def test_plan_layout_reorders_the_presets_shape(layout, shape):
     """--layout bhsd (and sbhd) gives the preset's bshd shape in that order, and the plan of that
     call: the same bytes per peer whatever the layout."""
-    result = run_cli("plan", "--preset", "wan-720p", "--world-size", "8", "--layout", layout,
-                     "--json")
+    result = run_cli(
+        "plan", "--preset", "wan-720p", "--world-size", "8", "--layout", layout, "--json"
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["layout"] == layout and out["input_shape"] == shape
     p = fu.plan(8, 0, 0, shape, torch.bfloat16, layout=layout)
-    assert [[d[f] for f in ("width", "height", "src_pitch", "dst_pitch")]
-            for d in out["descriptors"]] == [[d.width, d.height, d.src_pitch, d.dst_pitch]
-                                             for d in p]
+    assert [
+        [d[f] for f in ("width", "height", "src_pitch", "dst_pitch")] for d in out["descriptors"]
+    ] == [[d.width, d.height, d.src_pitch, d.dst_pitch] for d in p]
     assert out["bytes_per_peer"] == [12_096_000] * 8
 
 
 def test_plan_lse_rows_of_four_bytes():
     """fp32 with d = 1 (the softmax LSE of ring attention) is a valid call."""
-    result = run_cli("plan", "--shape", "2,6,8,1", "--world-size", "2", "--dtype", "fp32",
-                     "--json")
+    result = run_cli("plan", "--shape", "2,6,8,1", "--world-size", "2", "--dtype", "fp32", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["element_size"] == 4 and out["output_shape"] == [2, 12, 4, 1]
@@ -175,41 +226,60 @@ def test_plan_unknown_layout_is_a_usage_error():
 BEYOND = "is beyond int64: it must be in [-2^63, 2^63 - 1]"
 
 
-@pytest.mark.parametrize("call,option,value", [
-    ("--preset", "--world-size", str(2 ** 63)),
-    ("--shape", "--world-size", str(-(2 ** 63) - 1)),
-    ("--preset", "--rank", str(2 ** 64)),
-    ("--shape", "--rank", str(2 ** 63)),
-])
+@pytest.mark.parametrize(
+    "call,option,value",
+    [
+        ("--preset", "--world-size", str(2**63)),
+        ("--shape", "--world-size", str(-(2**63) - 1)),
+        ("--preset", "--rank", str(2**64)),
+        ("--shape", "--rank", str(2**63)),
+    ],
+)
 def test_plan_option_beyond_int64_is_a_usage_error(call, option, value):
     """An integer the ops cannot take is argparse's one-line error naming the option, not a
     traceback from the op's schema."""
     given = {"--world-size": "8", "--rank": "0", option: value}
-    args = ["plan", *(["--preset", "wan-720p"] if call == "--preset" else
-                      ["--shape", "1,100,16,128"])]
+    args = [
+        "plan",
+        *(["--preset", "wan-720p"] if call == "--preset" else ["--shape", "1,100,16,128"]),
+    ]
     for name, text in given.items():
         args += [name, text]
     _assert_usage_error(run_cli(*args), f"argument {option}: '{value}' {BEYOND}")
 
 
-@pytest.mark.parametrize("option,value", [
-    ("--shape", 2 ** 63), ("--shape", -(2 ** 63) - 1), ("--seq-splits", 2 ** 64),
-    ("--head-splits", 2 ** 63),
-])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("--shape", 2**63),
+        ("--shape", -(2**63) - 1),
+        ("--seq-splits", 2**64),
+        ("--head-splits", 2**63),
+    ],
+)
 def test_plan_list_entry_beyond_int64_is_a_usage_error(option, value):
     args = ["plan", "--world-size", "2"]
-    args += [option, f"1,100,16,{value}"] if option == "--shape" else [
-        "--shape", "1,100,16,128", option, f"1,{value}"]
+    args += (
+        [option, f"1,100,16,{value}"]
+        if option == "--shape"
+        else ["--shape", "1,100,16,128", option, f"1,{value}"]
+    )
     _assert_usage_error(run_cli(*args), f"argument {option}: ", f"'{value}' {BEYOND}")
 
 
-@pytest.mark.parametrize("option,value,example", [
-    ("--world-size", "2.0", 8), ("--rank", "True", 0), ("--mode", "1.0", 0),
-])
+@pytest.mark.parametrize(
+    "option,value,example",
+    [
+        ("--world-size", "2.0", 8),
+        ("--rank", "True", 0),
+        ("--mode", "1.0", 0),
+    ],
+)
 def test_plan_non_integer_option_names_it(option, value, example):
     args = ["plan", "--shape", "1,100,16,128", "--world-size", "2", option, value]
-    _assert_usage_error(run_cli(*args),
-                        f"argument {option}: '{value}' is not an integer (e.g. {example})")
+    _assert_usage_error(
+        run_cli(*args), f"argument {option}: '{value}' is not an integer (e.g. {example})"
+    )
 
 
 def test_plan_integer_too_long_to_read_is_beyond_int64():

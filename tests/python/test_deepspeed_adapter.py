@@ -11,8 +11,10 @@ import pytest
 
 WORLD = 3
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                                reason="deepspeed is not installed (requirements/dev.txt)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (requirements/dev.txt)",
+)
 
 
 @pytest.fixture(scope="module")

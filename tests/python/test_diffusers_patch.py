@@ -26,8 +26,10 @@ from fast_ulysses.integrations import diffusers as fd
 WORLDS = (2, 3, 4)
 TIMEOUT_S = 480
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
-                                reason="diffusers is not installed (requirements/dev.txt)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("diffusers") is None,
+    reason="diffusers is not installed (requirements/dev.txt)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,9 @@ def runs(launch_ranks):
     return lambda world: launch_ranks("diffusers_patch", world, timeout=TIMEOUT_S)
 
 
-@pytest.mark.parametrize("world,check", [(w, c) for w in WORLDS
-                                         for c in diffusers_patch.check_names(w)])
+@pytest.mark.parametrize(
+    "world,check", [(w, c) for w in WORLDS for c in diffusers_patch.check_names(w)]
+)
 def test_diffusers_context_parallel(runs, world, check):
     runs(world).assert_check(check)
 
@@ -107,17 +110,31 @@ def test_dim_exchange_refuses_other_pairs():
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "diffusers_wan.py"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason="with GPUs the example takes one rank per GPU")
-@pytest.mark.parametrize("nproc,args,heads,tokens", [
-    (2, [], 4, 12), (3, ["--heads", "5", "--latent", "1", "14", "2", "--anything"], 5, 7)])
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with GPUs the example takes one rank per GPU"
+)
+@pytest.mark.parametrize(
+    "nproc,args,heads,tokens",
+    [(2, [], 4, 12), (3, ["--heads", "5", "--latent", "1", "14", "2", "--anything"], 5, 7)],
+)
 def test_example_runs_under_torchrun(nproc, args, heads, tokens):
     """examples/diffusers_wan.py under torchrun on CPU ranks: patched, every Ulysses all-to-all
     (2 layers x 4 forward + 4 backward) on our group, within float32 rounding of one process."""
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-         str(EXAMPLE), *args], capture_output=True, text=True, timeout=TIMEOUT_S,
-        env=dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"))
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            str(EXAMPLE),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"),
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert f"{nproc} ranks on CPU (gloo), torch.distributed fallback" in result.stdout, out

@@ -18,8 +18,12 @@ needs_gpu = pytest.mark.skipif(NO_GPU, reason="needs a visible CUDA GPU")
 
 
 def _doctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fast_ulysses.cli.doctor", *args],
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "fast_ulysses.cli.doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_doctor_table_exits_0():
@@ -28,14 +32,17 @@ def test_doctor_table_exits_0():
     assert "make_group verdict" in done.stdout
 
 
-@pytest.mark.parametrize("name,value,rule", [
-    ("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes", "must be 0 (off) or 1 ("),
-    ("FAST_ULYSSES_DEBUG", "yes", "must be 0 (off) or 1 ("),
-    ("FAST_ULYSSES_EAGER_GRAPHS", "on", "must be 0 (call by call) or 1 ("),
-    ("FAST_ULYSSES_HOST_PROFILE", "true", "must be 0 (off) or 1 (time each stage"),
-    ("FAST_ULYSSES_WATCHDOG_S", "-1", "must be a number of seconds >= 0"),
-    ("FAST_ULYSSES_WATCHDOG_ACTION", "kill", "must be 'report' or 'abort'"),
-])
+@pytest.mark.parametrize(
+    "name,value,rule",
+    [
+        ("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes", "must be 0 (off) or 1 ("),
+        ("FAST_ULYSSES_DEBUG", "yes", "must be 0 (off) or 1 ("),
+        ("FAST_ULYSSES_EAGER_GRAPHS", "on", "must be 0 (call by call) or 1 ("),
+        ("FAST_ULYSSES_HOST_PROFILE", "true", "must be 0 (off) or 1 (time each stage"),
+        ("FAST_ULYSSES_WATCHDOG_S", "-1", "must be a number of seconds >= 0"),
+        ("FAST_ULYSSES_WATCHDOG_ACTION", "kill", "must be 'report' or 'abort'"),
+    ],
+)
 def test_doctor_refuses_a_bad_setting_without_a_traceback(name, value, rule, monkeypatch):
     """Every FAST_ULYSSES_* setting, the transport's included (one parser, csrc/env): a bad
     value is a usage error before the report, which would depend on it."""
@@ -59,15 +66,25 @@ def test_doctor_json_is_one_object():
     done = _doctor("--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    for key in ("versions", "gpus", "p2p", "symmetric_memory", "cuda_part", "environment",
-                "verdict"):
+    for key in (
+        "versions",
+        "gpus",
+        "p2p",
+        "symmetric_memory",
+        "cuda_part",
+        "environment",
+        "verdict",
+    ):
         assert key in report
     assert report["versions"]["torch"]
     if NO_GPU:
         assert report["gpu_available"] is False and report["gpus"] == []
         assert "no GPU" in report["message"]
-        assert report["verdict"] == {"use_fast": False, "reason": "no GPU on rank 0",
-                                     "group": "one CPU rank"}
+        assert report["verdict"] == {
+            "use_fast": False,
+            "reason": "no GPU on rank 0",
+            "group": "one CPU rank",
+        }
 
 
 def test_run_through_the_subcommand_parser(capsys, monkeypatch):

@@ -51,7 +51,7 @@ def test_group_arguments_beyond_int64_are_refused_by_name():
     from fast_ulysses.arguments import as_mode, as_splits
 
     with pytest.raises(FastUlyssesError, match=r"head_splits\[1\] is 9223372036854775808"):
-        as_splits([1, 2 ** 63], "head_splits")
+        as_splits([1, 2**63], "head_splits")
     with pytest.raises(FastUlyssesError, match="mode is"):
-        as_mode(2 ** 64)
-    assert as_splits([0, 2 ** 63 - 1], "seq_splits") == [0, 2 ** 63 - 1]
+        as_mode(2**64)
+    assert as_splits([0, 2**63 - 1], "seq_splits") == [0, 2**63 - 1]

@@ -14,17 +14,27 @@ from fast_ulysses._ops import _C, cuda_load_error, cuda_module
 
 pytestmark = pytest.mark.skipif(cuda_module is None, reason=f"no CUDA part: {cuda_load_error}")
 
-OPS = {"owned": torch.ops.fast_ulysses.all_to_all_single_4d,
-       "borrowed": torch.ops.fast_ulysses.all_to_all_single_4d_borrowed}
+OPS = {
+    "owned": torch.ops.fast_ulysses.all_to_all_single_4d,
+    "borrowed": torch.ops.fast_ulysses.all_to_all_single_4d_borrowed,
+}
 ENTRIES = sorted(OPS)
 
 
 def arguments(entry: str, x=None, group_name: str = "no-such-group", **change) -> list:
     """The arguments UlyssesGroup's method passes, in the op's order (the names `_C` exports
     from the one definition); `change` replaces some by name."""
-    named = {"x": torch.zeros(1, 4, 2, 8) if x is None else x, "mode": 0, "tag": "q",
-             "group_name": group_name, "seq_splits": None, "head_splits": None,
-             "layout": "bshd", "barrier": True, "rank": 0}
+    named = {
+        "x": torch.zeros(1, 4, 2, 8) if x is None else x,
+        "mode": 0,
+        "tag": "q",
+        "group_name": group_name,
+        "seq_splits": None,
+        "head_splits": None,
+        "layout": "bshd",
+        "barrier": True,
+        "rank": 0,
+    }
     named.update(change)
     order = _C.BORROWED_ARGUMENTS if entry == "borrowed" else _C.OWNED_ARGUMENTS
     return [named[name] for name in order]
@@ -83,6 +93,7 @@ def test_calls_below_autograd(entry):
     """The method applies the autograd rules first; the entry itself runs below autograd: an
     input that requires grad records no backward (through torch.ops the owned op would, and the
     borrowed op would refuse it)."""
+
     class Result(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return torch.zeros(2)
@@ -103,7 +114,7 @@ DECLINED = {
     "a bytes tag": dict(tag=b"q"),
     "a tuple of splits": dict(seq_splits=(2, 2)),
     "a float split": dict(head_splits=[2.0]),
-    "a rank past int64": dict(rank=2 ** 70),
+    "a rank past int64": dict(rank=2**70),
 }
 
 
@@ -140,10 +151,14 @@ def test_owned_out_fills_and_checks_out_on_meta(world1):
     out = torch.empty(1, 6, 4, 8, dtype=torch.bfloat16, device="meta")
     assert cuda_module.owned_out(*args, out) is out
     op = torch.ops.fast_ulysses.all_to_all_single_4d_out
-    for bad, needle in ((torch.empty(1, 6, 4, 9, dtype=torch.bfloat16, device="meta"), "shape"),
-                        (torch.empty(1, 6, 4, 8, dtype=torch.float16, device="meta"), "dtype"),
-                        (torch.empty(1, 4, 6, 8, dtype=torch.bfloat16,
-                                     device="meta").transpose(1, 2), "contiguous")):
+    for bad, needle in (
+        (torch.empty(1, 6, 4, 9, dtype=torch.bfloat16, device="meta"), "shape"),
+        (torch.empty(1, 6, 4, 8, dtype=torch.float16, device="meta"), "dtype"),
+        (
+            torch.empty(1, 4, 6, 8, dtype=torch.bfloat16, device="meta").transpose(1, 2),
+            "contiguous",
+        ),
+    ):
         got = error_of(cuda_module.owned_out, [*args, bad])
         assert got[0] is ValueError and needle in got[1], got
         assert got == error_of(lambda *a: op(*a[:-1], out=a[-1]), [*args, bad]), got

@@ -31,7 +31,7 @@ def independent(x, w, eps, cos, sin, norm, style, layout):
     else:
         c = torch.cat((angle.cos(), angle.cos()), -1)
         s = torch.cat((angle.sin(), angle.sin()), -1)
-        rotated = torch.cat((-y[..., D // 2:], y[..., : D // 2]), -1)
+        rotated = torch.cat((-y[..., D // 2 :], y[..., : D // 2]), -1)
         out = y * c + rotated * s
     return out if layout == "bshd" else out.transpose(0, 1)
 
@@ -45,8 +45,9 @@ def inputs(layout, norm, dtype=torch.float32, B=2, S=5, N=3, D=8, seed=0):
     return x, w, angle.cos(), angle.sin()
 
 
-@pytest.mark.parametrize("norm,style,layout", list(itertools.product(NORMS, ROPE_STYLES,
-                                                                     ("bshd", "sbhd"))))
+@pytest.mark.parametrize(
+    "norm,style,layout", list(itertools.product(NORMS, ROPE_STYLES, ("bshd", "sbhd")))
+)
 def test_reference_matches_the_formulas(norm, style, layout):
     x, w, c, s = inputs(layout, norm)
     got = norm_rope_reference(x, w, 1e-6, c, s, norm=norm, rope_style=style, layout=layout)
@@ -70,11 +71,20 @@ BAD = {
     "rope_style": (dict(rope_style="full"), "rope_style='full': must be 'interleaved'"),
     "layout": (dict(layout="bhsd"), "layout='bhsd': the fused norm + RoPE scatter takes"),
     "weight size": (dict(weight=torch.ones(8)), "norm_weight has shape [8]"),
-    "weight dtype": (dict(weight=torch.ones(24, dtype=torch.float16)), "float32 tensor of shape [24]"),
+    "weight dtype": (
+        dict(weight=torch.ones(24, dtype=torch.float16)),
+        "float32 tensor of shape [24]",
+    ),
     "cos shape": (dict(cos=torch.ones(5, 3)), "cos has shape [5, 3]"),
-    "sin dtype": (dict(sin=torch.ones(5, 4, dtype=torch.float64)), "sin has shape [5, 4] and dtype Double"),
+    "sin dtype": (
+        dict(sin=torch.ones(5, 4, dtype=torch.float64)),
+        "sin has shape [5, 4] and dtype Double",
+    ),
     "odd d": (dict(x=torch.zeros(2, 5, 3, 7)), "head_dim must be even"),
-    "int x": (dict(x=torch.zeros(2, 5, 3, 8, dtype=torch.int32)), "takes bfloat16, float16 or float32"),
+    "int x": (
+        dict(x=torch.zeros(2, 5, 3, 8, dtype=torch.int32)),
+        "takes bfloat16, float16 or float32",
+    ),
     "eps": (dict(eps=0.0), "eps=0: must be a finite number > 0"),
 }
 
@@ -82,22 +92,31 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_arguments_name_the_rule(case):
     x, w, c, s = inputs("bshd", "all_heads")
-    args = dict(x=x, weight=w, eps=1e-6, cos=c, sin=s, norm="all_heads", rope_style="half",
-                layout="bshd")
+    args = dict(
+        x=x, weight=w, eps=1e-6, cos=c, sin=s, norm="all_heads", rope_style="half", layout="bshd"
+    )
     change, needle = BAD[case]
     args.update(change)
     with pytest.raises(ValueError, match=re.escape(needle)):
-        norm_rope_reference(args["x"], args["weight"], args["eps"], args["cos"], args["sin"],
-                            norm=args["norm"], rope_style=args["rope_style"],
-                            layout=args["layout"])
+        norm_rope_reference(
+            args["x"],
+            args["weight"],
+            args["eps"],
+            args["cos"],
+            args["sin"],
+            norm=args["norm"],
+            rope_style=args["rope_style"],
+            layout=args["layout"],
+        )
 
 
 def test_fallback_refuses_an_input_that_requires_grad(world1):
     x, w, c, s = inputs("bshd", "all_heads")
     group = fu.TorchUlyssesGroup(world1)
     with pytest.raises(ValueError, match="has no backward"):
-        fu.qk_norm_rope_all_to_all(group, x.requires_grad_(), "q", norm_weight=w, eps=1e-6,
-                                   cos=c, sin=s)
+        fu.qk_norm_rope_all_to_all(
+            group, x.requires_grad_(), "q", norm_weight=w, eps=1e-6, cos=c, sin=s
+        )
 
 
 def test_a_process_group_is_refused_naming_the_group_types(world1):
@@ -128,11 +147,13 @@ def test_the_wan_fused_attention_example_matches_one_process():
     import sys
 
     example = Path(__file__).resolve().parents[2] / "examples" / "wan_fused_attention.py"
-    result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Wan attention block, 12 heads" in result.stdout and ": ok" in result.stdout, \
+    assert "Wan attention block, 12 heads" in result.stdout and ": ok" in result.stdout, (
         result.stdout
+    )
 
 
 def test_the_fused_op_traces_through_its_meta_kernel(world1):
@@ -142,8 +163,9 @@ def test_the_fused_op_traces_through_its_meta_kernel(world1):
     out = torch.ops.fast_ulysses.qk_norm_rope_all_to_all(x, "q", world1.group_name, w, 1e-6, c, s)
     assert out.device.type == "meta" and out.shape == x.shape  # P = 1: the same shape
     with pytest.raises(ValueError, match="norm='rms'"):
-        torch.ops.fast_ulysses.qk_norm_rope_all_to_all(x, "q", world1.group_name, w, 1e-6, c, s,
-                                                       "rms")
+        torch.ops.fast_ulysses.qk_norm_rope_all_to_all(
+            x, "q", world1.group_name, w, 1e-6, c, s, "rms"
+        )
 
 
 def test_the_fallbacks_unfused_math_traces_in_one_graph():

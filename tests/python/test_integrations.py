@@ -44,8 +44,9 @@ INSTALLED = [f for f in upstream_frameworks.CHECKS if importlib.util.find_spec(f
 def upstream_ranks(launch_ranks):
     if not INSTALLED:
         pytest.skip("none of yunchang, diffusers, deepspeed is installed (requirements/dev.txt)")
-    return launch_ranks("upstream_frameworks", WORLD, "--frameworks", ",".join(INSTALLED),
-                        timeout=300)
+    return launch_ranks(
+        "upstream_frameworks", WORLD, "--frameworks", ",".join(INSTALLED), timeout=300
+    )
 
 
 @pytest.mark.parametrize("framework,check", upstream_frameworks.check_names(WORLD))
@@ -66,33 +67,56 @@ def test_against_the_installed_frameworks_exits_cleanly(upstream_ranks):
 X = torch.zeros(1, 2, 2, 8)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda g: yunchang.all_to_all_4D(X, 0, 1, g), r"scatter_idx=0, gather_idx=1: unsupported"),
-    (lambda g: yunchang.SeqAllToAll4D.apply(g, X, 3, 1), r"scatter_idx=3, gather_idx=1"),
-    (lambda g: yunchang.SeqAllToAll5D.apply(g, torch.zeros(1, 2, 3, 2, 8), 2, 1),
-     r"scatter_idx=2, gather_idx=1: unsupported .* supported: \(3, 1\)"),
-    (lambda g: yunchang.SeqAllToAll5D.apply(g, X), r"takes a 5-d"),
-    (lambda g: diffusers._all_to_all_dim_exchange(X, 2, 3, g), r"scatter_idx=2, gather_idx=3"),
-    (lambda g: fastvideo.all_to_all_4D(X, 1, 1, group=g), r"scatter_dim=1, gather_dim=1"),
-    # Every int (scatter_idx, gather_idx) is accepted, as DeepSpeed does (test_deepspeed_adapter).
-    (lambda g: deepspeed.DistributedAttention(None, g, 2.0, 0), r"scatter_idx=2.0: it must be an int"),
-    (lambda g: deepspeed.DistributedAttention(None, g, num_kv_heads=0),
-     r"num_kv_heads=0: it must be None or a positive int"),
-    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 2),
-     r"batch_dim_idx=2: it must be 0"),
-    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, X),
-     r"rotary_pos_emb is a Tensor: it must be a \(cos, sin\) pair"),
-    # X as sbhd on one rank: q is (1, 2, 2, 8); X's view (2, 1, 2, 8) has 2 where q has 1.
-    (lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, (X, X)),
-     r"rotary_pos_emb's cos has shape \(1, 2, 2, 8\): DeepSpeed applies it as "
-     r"cos.permute\(1, 0, 2, 3\), which must broadcast to q's first r values after the "
-     r"all-to-all, \(1, 2, 2, 8\)"),
-    (lambda g: deepspeed.DistributedAttention(None, g)(
-        X, X, X, 0, (torch.zeros(2, 1, 1, 3), torch.zeros(2, 1, 1, 3))), r"an even r <= head_dim 8"),
-    (lambda g: deepspeed.DistributedAttention(None, g)(
-        X, X, X, 0, (torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 2))),
-     r"cos and sin have shapes \(2, 1, 1, 4\) and \(2, 1, 1, 2\)"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda g: yunchang.all_to_all_4D(X, 0, 1, g), r"scatter_idx=0, gather_idx=1: unsupported"),
+        (lambda g: yunchang.SeqAllToAll4D.apply(g, X, 3, 1), r"scatter_idx=3, gather_idx=1"),
+        (
+            lambda g: yunchang.SeqAllToAll5D.apply(g, torch.zeros(1, 2, 3, 2, 8), 2, 1),
+            r"scatter_idx=2, gather_idx=1: unsupported .* supported: \(3, 1\)",
+        ),
+        (lambda g: yunchang.SeqAllToAll5D.apply(g, X), r"takes a 5-d"),
+        (lambda g: diffusers._all_to_all_dim_exchange(X, 2, 3, g), r"scatter_idx=2, gather_idx=3"),
+        (lambda g: fastvideo.all_to_all_4D(X, 1, 1, group=g), r"scatter_dim=1, gather_dim=1"),
+        # Every int (scatter_idx, gather_idx) is accepted, as DeepSpeed does (test_deepspeed_adapter).
+        (
+            lambda g: deepspeed.DistributedAttention(None, g, 2.0, 0),
+            r"scatter_idx=2.0: it must be an int",
+        ),
+        (
+            lambda g: deepspeed.DistributedAttention(None, g, num_kv_heads=0),
+            r"num_kv_heads=0: it must be None or a positive int",
+        ),
+        (
+            lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 2),
+            r"batch_dim_idx=2: it must be 0",
+        ),
+        (
+            lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, X),
+            r"rotary_pos_emb is a Tensor: it must be a \(cos, sin\) pair",
+        ),
+        # X as sbhd on one rank: q is (1, 2, 2, 8); X's view (2, 1, 2, 8) has 2 where q has 1.
+        (
+            lambda g: deepspeed.DistributedAttention(None, g)(X, X, X, 1, (X, X)),
+            r"rotary_pos_emb's cos has shape \(1, 2, 2, 8\): DeepSpeed applies it as "
+            r"cos.permute\(1, 0, 2, 3\), which must broadcast to q's first r values after the "
+            r"all-to-all, \(1, 2, 2, 8\)",
+        ),
+        (
+            lambda g: deepspeed.DistributedAttention(None, g)(
+                X, X, X, 0, (torch.zeros(2, 1, 1, 3), torch.zeros(2, 1, 1, 3))
+            ),
+            r"an even r <= head_dim 8",
+        ),
+        (
+            lambda g: deepspeed.DistributedAttention(None, g)(
+                X, X, X, 0, (torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 2))
+            ),
+            r"cos and sin have shapes \(2, 1, 1, 4\) and \(2, 1, 1, 2\)",
+        ),
+    ],
+)
 def test_unsupported_arguments_raise(world1, call, message):
     with pytest.raises(ValueError, match=message):
         call(world1)
@@ -119,11 +143,16 @@ def test_patch_yunchang_rebinds_the_imported_names(monkeypatch):
     for module in (upstream, package, layer):
         monkeypatch.setitem(sys.modules, module.__name__, module)
     patched = yunchang.patch_yunchang()
-    assert sorted(patched) == sorted([
-        "yunchang.SeqAllToAll4D", "yunchang.comm.all_to_all.SeqAllToAll4D",
-        "yunchang.comm.all_to_all.SeqAllToAll5D", "yunchang.comm.all_to_all.all_to_all_4D",
-        "xfuser.core.long_ctx_attention.attn_layer.SeqAllToAll4D",
-        "xfuser.core.long_ctx_attention.attn_layer.all_to_all_4D"])
+    assert sorted(patched) == sorted(
+        [
+            "yunchang.SeqAllToAll4D",
+            "yunchang.comm.all_to_all.SeqAllToAll4D",
+            "yunchang.comm.all_to_all.SeqAllToAll5D",
+            "yunchang.comm.all_to_all.all_to_all_4D",
+            "xfuser.core.long_ctx_attention.attn_layer.SeqAllToAll4D",
+            "xfuser.core.long_ctx_attention.attn_layer.all_to_all_4D",
+        ]
+    )
     assert layer.SeqAllToAll4D is yunchang.SeqAllToAll4D and layer.other is len
     assert upstream.SeqAllToAll5D is yunchang.SeqAllToAll5D
 

@@ -25,8 +25,11 @@ def test_passing_workers_report_every_check(launch_ranks):
 def test_a_failing_check_reaches_pytest_by_name(launch_ranks):
     run = launch_ranks(WORKER, 2, "--fail", "barrier", timeout=120)
     run.assert_check("sum_of_ranks")  # the check before it passed on both ranks
-    with pytest.raises(AssertionError, match=r"^check barrier failed on rank 1: "
-                                             r"AssertionError: rank 1 was told to fail"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^check barrier failed on rank 1: "
+        r"AssertionError: rank 1 was told to fail",
+    ):
         run.assert_check("barrier")
     assert run.ranks[1].returncode == 1
     with pytest.raises(AssertionError, match="rank 1: exit 1"):
@@ -36,8 +39,9 @@ def test_a_failing_check_reaches_pytest_by_name(launch_ranks):
 def test_a_check_that_never_ran_is_named(launch_ranks):
     run = launch_ranks(WORKER, 2, "--fail", "sum_of_ranks", timeout=120)
     failure = run.check_failure("barrier", ranks=[1])
-    assert failure.startswith("check barrier it never ran on rank 1 (exit 1; checks it "
-                              "reached: ['sum_of_ranks'])"), failure
+    assert failure.startswith(
+        "check barrier it never ran on rank 1 (exit 1; checks it reached: ['sum_of_ranks'])"
+    ), failure
 
 
 def test_a_hang_is_killed_at_the_timeout(launch_ranks):
@@ -46,7 +50,8 @@ def test_a_hang_is_killed_at_the_timeout(launch_ranks):
     assert [r.returncode for r in run.ranks] == [None, None]
     assert run.check_failure("sum_of_ranks") == (
         "check sum_of_ranks rank 0 wrote no report (killed by the launcher); "
-        "rank 1 wrote no report (killed by the launcher)")
+        "rank 1 wrote no report (killed by the launcher)"
+    )
 
 
 def test_one_launch_per_worker_ranks_and_arguments(launch_ranks):
@@ -79,5 +84,8 @@ def test_report_records_a_failure_and_reraises(tmp_path, monkeypatch):
         with report.check("values"):
             raise ValueError("bad value")
     data = json.loads((tmp_path / "rank4.json").read_text())
-    assert data == {"rank": 4, "finished": False, "checks": [
-        {"name": "values", "status": "failed", "detail": "ValueError: bad value"}]}
+    assert data == {
+        "rank": 4,
+        "finished": False,
+        "checks": [{"name": "values", "status": "failed", "detail": "ValueError: bad value"}],
+    }

@@ -13,26 +13,54 @@ from fast_ulysses._ops import _C
 
 OPS = {
     # the collectives and the fused op
-    "all_to_all_single_4d", "all_to_all_single_4d_out", "all_to_all_single_4d_borrowed",
+    "all_to_all_single_4d",
+    "all_to_all_single_4d_out",
+    "all_to_all_single_4d_borrowed",
     "qk_norm_rope_all_to_all",
     # the group's lifecycle and state
-    "create_group", "reserve", "barrier", "destroy_group", "group_stats", "check_device",
+    "create_group",
+    "reserve",
+    "barrier",
+    "destroy_group",
+    "group_stats",
+    "check_device",
     "host_profile",
     # the plan
-    "plan", "host_copy",
+    "plan",
+    "host_copy",
     # the fused op's rules, traced inside the fallback's unfused math (test_fused.py)
     "check_norm_rope",
 }
 
-FUNCTIONS = {"env_switch", "check_env", "check_group", "check_tag_use", "window_for_call",
-             "shapes", "check_input", "check_borrowed_grad"}
-CONSTANTS = {"LIMITS", "LAYOUTS", "DESCRIPTOR_FIELDS", "GROUP_STATS_KEYS", "NORMS",
-             "ROPE_STYLES", "OWNED_ARGUMENTS", "BORROWED_ARGUMENTS", "FUSED_ARGUMENTS"}
+FUNCTIONS = {
+    "env_switch",
+    "check_env",
+    "check_group",
+    "check_tag_use",
+    "window_for_call",
+    "shapes",
+    "check_input",
+    "check_borrowed_grad",
+}
+CONSTANTS = {
+    "LIMITS",
+    "LAYOUTS",
+    "DESCRIPTOR_FIELDS",
+    "GROUP_STATS_KEYS",
+    "NORMS",
+    "ROPE_STYLES",
+    "OWNED_ARGUMENTS",
+    "BORROWED_ARGUMENTS",
+    "FUSED_ARGUMENTS",
+}
 
 
 def test_the_ops_are_those_that_move_data_hold_state_plan_or_are_traced():
-    registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
-                  if name.startswith("fast_ulysses::")}
+    registered = {
+        name.split("::", 1)[1]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("fast_ulysses::")
+    }
     assert registered == OPS, (sorted(registered - OPS), sorted(OPS - registered))
 
 
@@ -41,12 +69,15 @@ def test_the_rules_and_constants_are_the_modules():
     assert public == FUNCTIONS | CONSTANTS, sorted(public ^ (FUNCTIONS | CONSTANTS))
 
 
-@pytest.mark.parametrize("op,names", [
-    ("all_to_all_single_4d", "OWNED_ARGUMENTS"),
-    ("all_to_all_single_4d_out", "OWNED_ARGUMENTS"),
-    ("all_to_all_single_4d_borrowed", "BORROWED_ARGUMENTS"),
-    ("qk_norm_rope_all_to_all", "FUSED_ARGUMENTS"),
-])
+@pytest.mark.parametrize(
+    "op,names",
+    [
+        ("all_to_all_single_4d", "OWNED_ARGUMENTS"),
+        ("all_to_all_single_4d_out", "OWNED_ARGUMENTS"),
+        ("all_to_all_single_4d_borrowed", "BORROWED_ARGUMENTS"),
+        ("qk_norm_rope_all_to_all", "FUSED_ARGUMENTS"),
+    ],
+)
 def test_argument_names_are_the_schemas(op, names):
     """The names autograd unpacks a call by are the schema's arguments, in order (the out= op
     adds its keyword-only `out`)."""
@@ -61,15 +92,21 @@ def test_constants_are_the_plans_definitions():
     assert _C.GROUP_STATS_KEYS[:3] == ("pool_bytes", "used_bytes", "segments")
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: _C.check_group("2", 0), r"check_group\(\): world_size must be an int64 int, not str"),
-    (lambda: _C.check_group(2 ** 64, 0), r"world_size must be an int64 int"),
-    (lambda: _C.check_group(2), r"check_group\(\) takes 2 arguments \(1 given\)"),
-    (lambda: _C.check_tag_use("t", 0, 1, False), r"known must be a bool, not int"),
-    (lambda: _C.shapes(2, 0, 0, 1, 8, [1, 1.0], [1, 1], "bshd"), r"seq_splits must be a list"),
-    (lambda: _C.check_input([1]), r"check_input\(\): x must be a torch.Tensor, not list"),
-    (lambda: _C.env_switch(3), r"env_switch\(\): name must be a str, not int"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda: _C.check_group("2", 0),
+            r"check_group\(\): world_size must be an int64 int, not str",
+        ),
+        (lambda: _C.check_group(2**64, 0), r"world_size must be an int64 int"),
+        (lambda: _C.check_group(2), r"check_group\(\) takes 2 arguments \(1 given\)"),
+        (lambda: _C.check_tag_use("t", 0, 1, False), r"known must be a bool, not int"),
+        (lambda: _C.shapes(2, 0, 0, 1, 8, [1, 1.0], [1, 1], "bshd"), r"seq_splits must be a list"),
+        (lambda: _C.check_input([1]), r"check_input\(\): x must be a torch.Tensor, not list"),
+        (lambda: _C.env_switch(3), r"env_switch\(\): name must be a str, not int"),
+    ],
+)
 def test_functions_refuse_a_wrong_type_by_name(call, message):
     with pytest.raises(TypeError, match=message):
         call()

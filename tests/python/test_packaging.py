@@ -21,8 +21,13 @@ from fast_ulysses.cli import doctor
 
 DIST = "fast-ulysses"
 # Imported top-level module -> the distribution that provides it.
-PROVIDERS = {"torch": "torch", "rich": "rich", "pynvml": "nvidia-ml-py",
-             "matplotlib": "matplotlib", "cuda": "cuda-bindings"}
+PROVIDERS = {
+    "torch": "torch",
+    "rich": "rich",
+    "pynvml": "nvidia-ml-py",
+    "matplotlib": "matplotlib",
+    "cuda": "cuda-bindings",
+}
 
 
 def test_version_comes_from_one_place():
@@ -54,12 +59,13 @@ def test_cuda_mismatch_compares_major_versions():
 def test_import_under_another_torch_says_so():
     """A real `import fast_ulysses` with torch reporting another release: a clear ImportError
     naming both versions and the rebuild, and the native library is never loaded."""
-    code = ("import sys, torch; torch.__version__ = '2.99.0+cu999'\n"
-            "try:\n    import fast_ulysses\n"
-            "except ImportError as error:\n"
-            "    assert 'fast_ulysses._C' not in sys.modules\n    print(error)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys, torch; torch.__version__ = '2.99.0+cu999'\n"
+        "try:\n    import fast_ulysses\n"
+        "except ImportError as error:\n"
+        "    assert 'fast_ulysses._C' not in sys.modules\n    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"built against torch {_build_info.TORCH_VERSION}" in done.stdout
     assert "torch 2.99.0+cu999" in done.stdout and "pip install --no-build-isolation" in done.stdout
@@ -93,13 +99,16 @@ def _requirements() -> dict[str, set[str]]:
 
 def test_dependencies_are_what_the_package_imports():
     imported = _imported_modules()
-    assert imported <= PROVIDERS.keys(), f"imports with no known provider: {imported - PROVIDERS.keys()}"
+    assert imported <= PROVIDERS.keys(), (
+        f"imports with no known provider: {imported - PROVIDERS.keys()}"
+    )
     requirements = _requirements()
     assert requirements[""] == {"torch", "rich", "nvidia-ml-py"}
     assert requirements["plot"] == {"matplotlib"}
     assert requirements["micro"] == {"cuda-bindings"}  # fast_ulysses.bench.micro_copy
-    assert {PROVIDERS[m] for m in imported} == (requirements[""] | requirements["plot"]
-                                                | requirements["micro"])
+    assert {PROVIDERS[m] for m in imported} == (
+        requirements[""] | requirements["plot"] | requirements["micro"]
+    )
 
 
 def test_the_benchmarks_ship_without_their_records():
@@ -138,7 +147,6 @@ def test_doctor_versions_say_none_for_what_it_cannot_see():
     assert all(isinstance(v, str) and v for v in versions.values()), versions
 
 
-
 @pytest.mark.parametrize("module", ["fast_ulysses._C", "fast_ulysses._cuda"])
 def test_the_extension_carries_no_libstdcxx_of_its_own(module):
     """A compiler wrapper (or nvcc's implicit link directories) can link a static libstdc++ into
@@ -152,7 +160,8 @@ def test_the_extension_carries_no_libstdcxx_of_its_own(module):
         pytest.skip(f"{module} is not built here")
     if shutil.which("nm") is None:
         pytest.skip("nm (binutils) is not installed")
-    symbols = subprocess.run(["nm", "-D", "--defined-only", spec.origin], capture_output=True,
-                             text=True, check=True).stdout
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", spec.origin], capture_output=True, text=True, check=True
+    ).stdout
     carried = [line for line in symbols.splitlines() if "money_put" in line]
     assert not carried, f"{spec.origin} defines libstdc++'s own symbols: {carried[:3]}"

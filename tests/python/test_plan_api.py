@@ -19,7 +19,7 @@ def reference(inputs, mode, seq_splits, head_splits, layout):
     """All-to-all from the definition, with torch.cat / torch.split (not the plan)."""
     seq_dim, head_dim = DIMS[layout]
     if mode == 0:
-        full = torch.cat(inputs, dim=seq_dim)                 # all rows, all heads
+        full = torch.cat(inputs, dim=seq_dim)  # all rows, all heads
         return list(torch.split(full, head_splits, dim=head_dim))
     full = torch.cat(inputs, dim=head_dim)
     return list(torch.split(full, seq_splits, dim=seq_dim))
@@ -37,8 +37,9 @@ def make_inputs(P, mode, seq, heads, b, d, dtype, layout, seed=0):
     return out
 
 
-@pytest.mark.parametrize("P,layout,mode", list(itertools.product(
-    [1, 2, 3, 5, 8], ["bshd", "sbhd", "bhsd"], [0, 1])))
+@pytest.mark.parametrize(
+    "P,layout,mode", list(itertools.product([1, 2, 3, 5, 8], ["bshd", "sbhd", "bhsd"], [0, 1]))
+)
 def test_simulate_matches_definition(P, layout, mode):
     seq = [(2 * r + 1) % 4 for r in range(P)]
     seq[0] += 1
@@ -49,8 +50,14 @@ def test_simulate_matches_definition(P, layout, mode):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-@pytest.mark.parametrize("layout,dtype,d", list(itertools.product(
-    ["bshd", "sbhd", "bhsd"], [torch.float32, torch.float16, torch.int8], [1, 3])))
+@pytest.mark.parametrize(
+    "layout,dtype,d",
+    list(
+        itertools.product(
+            ["bshd", "sbhd", "bhsd"], [torch.float32, torch.float16, torch.int8], [1, 3]
+        )
+    ),
+)
 def test_simulate_rows_of_any_width(layout, dtype, d):
     """Rows narrower than 16 bytes, and of odd widths: fp32 with d = 1 is the softmax LSE
     (b, S, H, 1) of hybrid Ulysses + Ring. Bit-exact with the definition, both modes."""
@@ -59,20 +66,36 @@ def test_simulate_rows_of_any_width(layout, dtype, d):
         xs = make_inputs(P, mode, seq, heads, 2, d, dtype, layout, seed=d)
         got = fu.simulate(xs, mode, seq_splits=seq, head_splits=heads, layout=layout)
         want = reference(xs, mode, seq, heads, layout)
-        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-                   for a, b in zip(got, want))
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
 
 
 def test_input_shape_is_the_plans():
     for layout in ("bshd", "sbhd", "bhsd"):
         for mode in (0, 1):
-            shape = input_shape(3, 1, mode, batch=2, head_dim=1, seq_splits=[2, 5, 0],
-                                head_splits=[1, 2, 4], layout=layout)
-            p = fu.plan(3, 1, mode, shape, torch.float32, seq_splits=[2, 5, 0],
-                        head_splits=[1, 2, 4], layout=layout)
+            shape = input_shape(
+                3,
+                1,
+                mode,
+                batch=2,
+                head_dim=1,
+                seq_splits=[2, 5, 0],
+                head_splits=[1, 2, 4],
+                layout=layout,
+            )
+            p = fu.plan(
+                3,
+                1,
+                mode,
+                shape,
+                torch.float32,
+                seq_splits=[2, 5, 0],
+                head_splits=[1, 2, 4],
+                layout=layout,
+            )
             assert p.input_shape == shape
-    assert input_shape(3, 1, 0, batch=2, head_dim=1, seq_splits=[2, 5, 0],
-                       head_splits=[1, 2, 4], layout="bhsd") == (2, 7, 5, 1)
+    assert input_shape(
+        3, 1, 0, batch=2, head_dim=1, seq_splits=[2, 5, 0], head_splits=[1, 2, 4], layout="bhsd"
+    ) == (2, 7, 5, 1)
     with pytest.raises(ValueError, match=r"rank=3: must be in \[0, world_size=3\)"):
         input_shape(3, 3, 0, batch=1, head_dim=8, seq_splits=[1] * 3, head_splits=[1] * 3)
 
@@ -80,16 +103,23 @@ def test_input_shape_is_the_plans():
 def test_limits_and_layouts_come_from_the_plan():
     assert LAYOUTS == ("bshd", "sbhd", "bhsd")
     got = limits()
-    assert got == {"max_world_size": 8, "max_bytes": 2 ** 50, "copy_engine_alignment": 16,
-                   "max_tags": 256}
+    assert got == {
+        "max_world_size": 8,
+        "max_bytes": 2**50,
+        "copy_engine_alignment": 16,
+        "max_tags": 256,
+    }
     with pytest.raises(ValueError, match=r"world_size=9: must be in \[1, 8\]"):
         fu.plan(got["max_world_size"] + 1, 0, 0, (1, 4, 8, 64), torch.bfloat16)
 
 
-@pytest.mark.parametrize("world_size,rank,message", [
-    (2 ** 32 + 2, 0, r"world_size=4294967298: must be in \[1, 8\]"),
-    (2, 2 ** 32, r"rank=4294967296: must be in \[0, world_size=2\)"),
-])
+@pytest.mark.parametrize(
+    "world_size,rank,message",
+    [
+        (2**32 + 2, 0, r"world_size=4294967298: must be in \[1, 8\]"),
+        (2, 2**32, r"rank=4294967296: must be in \[0, world_size=2\)"),
+    ],
+)
 def test_sizes_past_int_are_refused_not_narrowed(world_size, rank, message):
     """2^32 + 2 ranks must not plan as 2 ranks, nor rank 2^32 as rank 0 (int64 -> int)."""
     with pytest.raises(ValueError, match=message):
@@ -131,17 +161,25 @@ def test_plan_descriptor_fields_cross_by_name():
     assert (d.src_pitch, d.dst_pitch) == (4 * 8 * 4, 2 * 8 * 4)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(world_size=9, rank=0, mode=0, shape=(1, 4, 8, 64)), "world_size=9"),
-    (dict(world_size=2, rank=2, mode=0, shape=(1, 4, 8, 64)), "rank=2"),
-    (dict(world_size=2, rank=0, mode=3, shape=(1, 4, 8, 64)), "mode=3"),
-    (dict(world_size=8, rank=0, mode=0, shape=(1, 4, 12, 64)), "pass head_splits"),
-    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8)), "4 dimensions"),
-    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), layout="bsdh"),
-     "layout='bsdh': must be 'bshd', 'sbhd' or 'bhsd'"),
-    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), seq_splits=[5, 4]), "seq_splits[0]=5"),
-    (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), head_splits=[4, 3]), "sums to 7"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(world_size=9, rank=0, mode=0, shape=(1, 4, 8, 64)), "world_size=9"),
+        (dict(world_size=2, rank=2, mode=0, shape=(1, 4, 8, 64)), "rank=2"),
+        (dict(world_size=2, rank=0, mode=3, shape=(1, 4, 8, 64)), "mode=3"),
+        (dict(world_size=8, rank=0, mode=0, shape=(1, 4, 12, 64)), "pass head_splits"),
+        (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8)), "4 dimensions"),
+        (
+            dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), layout="bsdh"),
+            "layout='bsdh': must be 'bshd', 'sbhd' or 'bhsd'",
+        ),
+        (
+            dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), seq_splits=[5, 4]),
+            "seq_splits[0]=5",
+        ),
+        (dict(world_size=2, rank=0, mode=0, shape=(1, 4, 8, 64), head_splits=[4, 3]), "sums to 7"),
+    ],
+)
 def test_plan_errors_name_the_argument(kwargs, needle):
     with pytest.raises(ValueError, match=None) as info:
         fu.plan(dtype=torch.bfloat16, **kwargs)
@@ -165,30 +203,33 @@ SHAPE = (1, 4, 8, 64)
 BEYOND = "it must fit in int64 (-2^63 to 2^63 - 1)"
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(world_size=2.0), "world_size is 2.0: it must be an int (e.g. 2)"),
-    (dict(world_size=True), "world_size is True: it must be an int, not a bool"),
-    (dict(world_size="2"), "world_size is '2': it must be an int (e.g. 2)"),
-    (dict(world_size=2 ** 63), f"world_size is 9223372036854775808: {BEYOND}"),
-    (dict(world_size=2 ** 64), f"world_size is 18446744073709551616: {BEYOND}"),
-    (dict(world_size=-(2 ** 63) - 1), f"world_size is -9223372036854775809: {BEYOND}"),
-    (dict(rank=0.0), "rank is 0.0: it must be an int (e.g. 0)"),
-    (dict(rank=False), "rank is False: it must be an int, not a bool"),
-    (dict(rank=2 ** 63), f"rank is 9223372036854775808: {BEYOND}"),
-    (dict(mode=2 ** 63), f"mode is 9223372036854775808: {BEYOND}"),
-    (dict(shape=(1, 4, 8.0, 64)), "shape[2] is 8.0: it must be an int (e.g. 8)"),
-    (dict(shape=(1, 4, 8, True)), "shape[3] is True: it must be an int, not a bool"),
-    (dict(shape=(1, "4", 8, 64)), "shape[1] is '4': it must be an int (e.g. 4)"),
-    (dict(shape=(1, 4, 8, 2 ** 63)), f"shape[3] is 9223372036854775808: {BEYOND}"),
-    (dict(shape=(1, 2 ** 70, 8, 64)), f"shape[1] is {2 ** 70}: {BEYOND}"),
-    (dict(shape="1,4,8,64"), "shape is '1,4,8,64': it must be a sequence of ints"),
-    (dict(shape=None), "shape is None: it must be a sequence of ints"),
-    (dict(dtype=2.0), "dtype is 2.0: an element size must be an int (e.g. 2)"),
-    (dict(dtype=2 ** 63), f"dtype is 9223372036854775808: {BEYOND}"),
-    (dict(seq_splits=[2 ** 63, 4]), f"seq_splits[0] is 9223372036854775808: {BEYOND}"),
-    (dict(head_splits=[4, -(2 ** 64)]), f"head_splits[1] is -18446744073709551616: {BEYOND}"),
-    (dict(layout=3), "layout is 3: it must be 'bshd', 'sbhd' or 'bhsd'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(world_size=2.0), "world_size is 2.0: it must be an int (e.g. 2)"),
+        (dict(world_size=True), "world_size is True: it must be an int, not a bool"),
+        (dict(world_size="2"), "world_size is '2': it must be an int (e.g. 2)"),
+        (dict(world_size=2**63), f"world_size is 9223372036854775808: {BEYOND}"),
+        (dict(world_size=2**64), f"world_size is 18446744073709551616: {BEYOND}"),
+        (dict(world_size=-(2**63) - 1), f"world_size is -9223372036854775809: {BEYOND}"),
+        (dict(rank=0.0), "rank is 0.0: it must be an int (e.g. 0)"),
+        (dict(rank=False), "rank is False: it must be an int, not a bool"),
+        (dict(rank=2**63), f"rank is 9223372036854775808: {BEYOND}"),
+        (dict(mode=2**63), f"mode is 9223372036854775808: {BEYOND}"),
+        (dict(shape=(1, 4, 8.0, 64)), "shape[2] is 8.0: it must be an int (e.g. 8)"),
+        (dict(shape=(1, 4, 8, True)), "shape[3] is True: it must be an int, not a bool"),
+        (dict(shape=(1, "4", 8, 64)), "shape[1] is '4': it must be an int (e.g. 4)"),
+        (dict(shape=(1, 4, 8, 2**63)), f"shape[3] is 9223372036854775808: {BEYOND}"),
+        (dict(shape=(1, 2**70, 8, 64)), f"shape[1] is {2**70}: {BEYOND}"),
+        (dict(shape="1,4,8,64"), "shape is '1,4,8,64': it must be a sequence of ints"),
+        (dict(shape=None), "shape is None: it must be a sequence of ints"),
+        (dict(dtype=2.0), "dtype is 2.0: an element size must be an int (e.g. 2)"),
+        (dict(dtype=2**63), f"dtype is 9223372036854775808: {BEYOND}"),
+        (dict(seq_splits=[2**63, 4]), f"seq_splits[0] is 9223372036854775808: {BEYOND}"),
+        (dict(head_splits=[4, -(2**64)]), f"head_splits[1] is -18446744073709551616: {BEYOND}"),
+        (dict(layout=3), "layout is 3: it must be 'bshd', 'sbhd' or 'bhsd'"),
+    ],
+)
 def test_plan_refuses_what_is_no_int64_by_name(kwargs, message):
     """Floats, bools, strings and integers past int64 are refused by argument and value as a
     FastUlyssesError, never by the op's schema (a RuntimeError) nor narrowed."""
@@ -198,18 +239,21 @@ def test_plan_refuses_what_is_no_int64_by_name(kwargs, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(world_size=9), "world_size=9: must be in [1, 8]"),
-    (dict(world_size=-2), "world_size=-2: must be in [1, 8]"),
-    (dict(rank=-1), "rank=-1: must be in [0, world_size=2)"),
-    (dict(rank=2 ** 63 - 1), "rank=9223372036854775807: must be in [0, world_size=2)"),
-    (dict(mode=3), "mode=3"),
-    (dict(shape=(1, 4, 8, -1)), "negative dimension"),
-    (dict(dtype=3), "element_size=3: must be 1, 2 or 4 bytes"),
-    (dict(dtype=-2), "element_size=-2"),
-    (dict(seq_splits=[-1, 5]), "seq_splits[0]=-1: entries must be >= 0"),
-    (dict(head_splits=[2 ** 62, 2 ** 62]), "head_splits[0]=4611686018427387904"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(world_size=9), "world_size=9: must be in [1, 8]"),
+        (dict(world_size=-2), "world_size=-2: must be in [1, 8]"),
+        (dict(rank=-1), "rank=-1: must be in [0, world_size=2)"),
+        (dict(rank=2**63 - 1), "rank=9223372036854775807: must be in [0, world_size=2)"),
+        (dict(mode=3), "mode=3"),
+        (dict(shape=(1, 4, 8, -1)), "negative dimension"),
+        (dict(dtype=3), "element_size=3: must be 1, 2 or 4 bytes"),
+        (dict(dtype=-2), "element_size=-2"),
+        (dict(seq_splits=[-1, 5]), "seq_splits[0]=-1: entries must be >= 0"),
+        (dict(head_splits=[2**62, 2**62]), "head_splits[0]=4611686018427387904"),
+    ],
+)
 def test_plan_refusals_from_cpp_reach_the_caller_as_fast_ulysses_errors(kwargs, needle):
     """The plan's own ValueErrors (negative where not allowed, out of range) arrive as
     FastUlyssesError, the package's one refusal class."""
@@ -224,48 +268,57 @@ def test_plan_takes_any_integer_type_and_keeps_plain_ints():
     them, element size included, and its Plan holds plain ints."""
     import numpy as np
 
-    p = fu.plan(np.int64(2), torch.tensor(1), 0, (np.int64(1), 4, torch.tensor(8), 64),
-                np.int64(2))
+    p = fu.plan(np.int64(2), torch.tensor(1), 0, (np.int64(1), 4, torch.tensor(8), 64), np.int64(2))
     assert (p.world_size, p.rank, p.element_size) == (2, 1, 2)
     assert p.input_shape == SHAPE
     assert all(type(v) is int for v in (p.world_size, p.rank, p.element_size, *p.input_shape))
 
 
-IS = dict(world_size=2, rank=0, mode=0, batch=1, head_dim=8, seq_splits=[1, 1],
-          head_splits=[1, 1])
+IS = dict(world_size=2, rank=0, mode=0, batch=1, head_dim=8, seq_splits=[1, 1], head_splits=[1, 1])
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(world_size=2.0), "world_size is 2.0: it must be an int (e.g. 2)"),
-    (dict(rank=2 ** 63), f"rank is 9223372036854775808: {BEYOND}"),
-    (dict(batch=1.0), "batch is 1.0: it must be an int (e.g. 1)"),
-    (dict(batch=2 ** 63), f"batch is 9223372036854775808: {BEYOND}"),
-    (dict(head_dim=True), "head_dim is True: it must be an int, not a bool"),
-    (dict(head_dim="8"), "head_dim is '8': it must be an int (e.g. 8)"),
-    (dict(seq_splits=[1.0, 1]), "seq_splits[0] is 1.0: split sizes must be ints"),
-    (dict(head_splits=[1, 2 ** 63]), f"head_splits[1] is 9223372036854775808: {BEYOND}"),
-    (dict(seq_splits=None), "seq_splits is None: input_shape takes explicit splits"),
-    (dict(batch=-1), "batch=-1: must be >= 1"),
-    (dict(rank=-1), "rank=-1: must be in [0, world_size=2)"),
-    (dict(mode=5), "mode=5: must be 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(world_size=2.0), "world_size is 2.0: it must be an int (e.g. 2)"),
+        (dict(rank=2**63), f"rank is 9223372036854775808: {BEYOND}"),
+        (dict(batch=1.0), "batch is 1.0: it must be an int (e.g. 1)"),
+        (dict(batch=2**63), f"batch is 9223372036854775808: {BEYOND}"),
+        (dict(head_dim=True), "head_dim is True: it must be an int, not a bool"),
+        (dict(head_dim="8"), "head_dim is '8': it must be an int (e.g. 8)"),
+        (dict(seq_splits=[1.0, 1]), "seq_splits[0] is 1.0: split sizes must be ints"),
+        (dict(head_splits=[1, 2**63]), f"head_splits[1] is 9223372036854775808: {BEYOND}"),
+        (dict(seq_splits=None), "seq_splits is None: input_shape takes explicit splits"),
+        (dict(batch=-1), "batch=-1: must be >= 1"),
+        (dict(rank=-1), "rank=-1: must be in [0, world_size=2)"),
+        (dict(mode=5), "mode=5: must be 0"),
+    ],
+)
 def test_input_shape_refuses_by_name(kwargs, message):
     with pytest.raises(fu.errors.FastUlyssesError) as info:
         input_shape(**(IS | kwargs))
     assert str(info.value).startswith(message), str(info.value)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda xs: fu.simulate(xs, 0, seq_splits=[2 ** 63, 2]),
-     f"seq_splits[0] is 9223372036854775808: {BEYOND}"),
-    (lambda xs: fu.simulate(xs, 2 ** 64), f"mode is 18446744073709551616: {BEYOND}"),
-    (lambda xs: fu.simulate(xs, 0, layout=0), "layout is 0: it must be"),
-    (lambda xs: fu.simulate([xs[0], 2], 0), "inputs[1] is a int: it must be a torch.Tensor"),
-    (lambda xs: fu.simulate(xs[0], 0), "inputs is a Tensor: it must be a sequence of tensors"),
-    (lambda xs: fu.simulate(xs, 0, seq_splits=[-1, 5]), "seq_splits[0]=-1: entries must be >= 0"),
-    (lambda xs: fu.simulate(xs * 5, 0), "world_size=10: must be in [1, 8]"),
-    (lambda xs: fu.simulate([x.double() for x in xs], 0), "element size must be 1, 2 or 4"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda xs: fu.simulate(xs, 0, seq_splits=[2**63, 2]),
+            f"seq_splits[0] is 9223372036854775808: {BEYOND}",
+        ),
+        (lambda xs: fu.simulate(xs, 2**64), f"mode is 18446744073709551616: {BEYOND}"),
+        (lambda xs: fu.simulate(xs, 0, layout=0), "layout is 0: it must be"),
+        (lambda xs: fu.simulate([xs[0], 2], 0), "inputs[1] is a int: it must be a torch.Tensor"),
+        (lambda xs: fu.simulate(xs[0], 0), "inputs is a Tensor: it must be a sequence of tensors"),
+        (
+            lambda xs: fu.simulate(xs, 0, seq_splits=[-1, 5]),
+            "seq_splits[0]=-1: entries must be >= 0",
+        ),
+        (lambda xs: fu.simulate(xs * 5, 0), "world_size=10: must be in [1, 8]"),
+        (lambda xs: fu.simulate([x.double() for x in xs], 0), "element size must be 1, 2 or 4"),
+    ],
+)
 def test_simulate_refuses_by_name(call, message):
     xs = [torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 8)]
     with pytest.raises(fu.errors.FastUlyssesError) as info:

@@ -14,9 +14,16 @@ from fast_ulysses.torch_group import TorchUlyssesGroup
 
 def gpu(i: int, *, host="node0", socket=0, numa=None, **kw) -> RankInfo:
     """GPU i of `host`, on CPU socket `socket` (NUMA node = socket unless given)."""
-    return RankInfo(hostname=host, gpu_index=i, gpu_name="H100",
-                    pci_bus_id=f"0000:{16 + i:02x}:00.0", uuid=f"{host}-gpu{i}",
-                    numa_node=socket if numa is None else numa, cpu_socket=socket, **kw)
+    return RankInfo(
+        hostname=host,
+        gpu_index=i,
+        gpu_name="H100",
+        pci_bus_id=f"0000:{16 + i:02x}:00.0",
+        uuid=f"{host}-gpu{i}",
+        numa_node=socket if numa is None else numa,
+        cpu_socket=socket,
+        **kw,
+    )
 
 
 def machine(ranks, link="nvlink", *, can_map=True, path="", overrides=None) -> Topology:
@@ -29,8 +36,11 @@ def machine(ranks, link="nvlink", *, can_map=True, path="", overrides=None) -> T
             same = ranks[a].gpu_key == ranks[b].gpu_key
             across = ranks[a].cpu_socket != ranks[b].cpu_socket
             pcie_path = "NODE" if path == "SYS" and not across else path
-            default = PairInfo(a, b, True, "same-device") if same else PairInfo(
-                a, b, can_map, link, pcie_path)
+            default = (
+                PairInfo(a, b, True, "same-device")
+                if same
+                else PairInfo(a, b, can_map, link, pcie_path)
+            )
             pairs.append(overrides.get((a, b), default))
     return Topology(tuple(ranks), tuple(pairs))
 
@@ -128,8 +138,11 @@ def test_debug_on_some_ranks_only_raises_on_every_rank():
     ranks would wait for each other, so the gathered topology refuses it (every rank raises)."""
     ranks = [gpu(i, debug=i in (0, 2)) for i in range(4)]
     for prefer in ("auto", "fast"):
-        with pytest.raises(ValueError, match=r"^FAST_ULYSSES_DEBUG=1 on ranks 0, 2 but not on "
-                                             r"ranks 1, 3: set it the same on every rank"):
+        with pytest.raises(
+            ValueError,
+            match=r"^FAST_ULYSSES_DEBUG=1 on ranks 0, 2 but not on "
+            r"ranks 1, 3: set it the same on every rank",
+        ):
             decide(machine(ranks), prefer)
     one = [gpu(i, debug=i == 3) for i in range(4)]
     with pytest.raises(ValueError, match=r"=1 on rank 3 but not on ranks 0-2:"):
@@ -258,8 +271,11 @@ def test_make_group_builds_the_fast_group_where_decide_says_so(world1, monkeypat
     group = factory.make_group(world1, 123)
     assert isinstance(group, FakeUlyssesGroup) and built == [(world1, 123)]
     assert group.fallback is False and group.fallback_reason == ""
-    monkeypatch.setattr(factory, "gather_topology",
-                        lambda pg: machine([gpu(i, socket=i // 4) for i in range(8)], "pcie"))
+    monkeypatch.setattr(
+        factory,
+        "gather_topology",
+        lambda pg: machine([gpu(i, socket=i // 4) for i in range(8)], "pcie"),
+    )
     fallback = factory.make_group(world1, 123)
     assert isinstance(fallback, TorchUlyssesGroup)
     assert "CPU sockets 0 and 1" in fallback.fallback_reason

@@ -40,19 +40,29 @@ def test_all_ranks_exit_cleanly(eight_ranks):
 # (fast_ulysses._C.check_input) raises it for both groups.
 BAD_TENSORS = {
     "3-d": (torch.zeros(2, 3, 8), "x has shape [2, 3, 8]: it must be 4-d (bshd, sbhd or bhsd)"),
-    "non-contiguous": (torch.zeros(1, 4, 2, 8).transpose(1, 2),
-                       "x with shape [1, 2, 4, 8] and strides [64, 8, 16, 1] is not contiguous: "
-                       "call .contiguous() first"),
-    "bool": (torch.zeros(1, 2, 2, 16, dtype=torch.bool),
-             "x has dtype Bool: complex and bool tensors are not supported"),
-    "complex": (torch.zeros(1, 2, 2, 8, dtype=torch.complex64),
-                "x has dtype ComplexFloat: complex and bool tensors are not supported"),
-    "float64": (torch.zeros(1, 2, 2, 8, dtype=torch.float64),
-                "x has dtype Double of 8 bytes: element size must be 1, 2 or 4 bytes (float16 "
-                "and bfloat16 are the main ones)"),
-    "int64": (torch.zeros(1, 2, 2, 8, dtype=torch.int64),
-              "x has dtype Long of 8 bytes: element size must be 1, 2 or 4 bytes (float16 "
-              "and bfloat16 are the main ones)"),
+    "non-contiguous": (
+        torch.zeros(1, 4, 2, 8).transpose(1, 2),
+        "x with shape [1, 2, 4, 8] and strides [64, 8, 16, 1] is not contiguous: "
+        "call .contiguous() first",
+    ),
+    "bool": (
+        torch.zeros(1, 2, 2, 16, dtype=torch.bool),
+        "x has dtype Bool: complex and bool tensors are not supported",
+    ),
+    "complex": (
+        torch.zeros(1, 2, 2, 8, dtype=torch.complex64),
+        "x has dtype ComplexFloat: complex and bool tensors are not supported",
+    ),
+    "float64": (
+        torch.zeros(1, 2, 2, 8, dtype=torch.float64),
+        "x has dtype Double of 8 bytes: element size must be 1, 2 or 4 bytes (float16 "
+        "and bfloat16 are the main ones)",
+    ),
+    "int64": (
+        torch.zeros(1, 2, 2, 8, dtype=torch.int64),
+        "x has dtype Long of 8 bytes: element size must be 1, 2 or 4 bytes (float16 "
+        "and bfloat16 are the main ones)",
+    ),
 }
 
 
@@ -102,9 +112,18 @@ def test_check_input_returns_the_element_size():
         check_input([1, 2])
 
 
-@pytest.mark.parametrize("dtype,d", [(torch.float8_e4m3fn, 16), (torch.int8, 16),
-                                     (torch.int32, 4), (torch.float16, 8), (torch.float32, 1),
-                                     (torch.float16, 3), (torch.int8, 5)])
+@pytest.mark.parametrize(
+    "dtype,d",
+    [
+        (torch.float8_e4m3fn, 16),
+        (torch.int8, 16),
+        (torch.int32, 4),
+        (torch.float16, 8),
+        (torch.float32, 1),
+        (torch.float16, 3),
+        (torch.int8, 5),
+    ],
+)
 def test_other_dtypes_and_row_widths_are_bit_exact(world1, dtype, d):
     g = torch.Generator().manual_seed(7)
     x = torch.randint(-100, 100, (2, 3, 4, d), generator=g).to(dtype)
@@ -115,8 +134,9 @@ def test_other_dtypes_and_row_widths_are_bit_exact(world1, dtype, d):
         assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
 
 
-@pytest.mark.parametrize("layout,shape", [("sbhd", (3, 2, 4, 8)), ("bshd", (1, 3, 4, 8)),
-                                          ("bshd", (2, 3, 4, 8))])
+@pytest.mark.parametrize(
+    "layout,shape", [("sbhd", (3, 2, 4, 8)), ("bshd", (1, 3, 4, 8)), ("bshd", (2, 3, 4, 8))]
+)
 def test_results_are_plain_waited_tensors(world1, layout, shape):
     """No AsyncCollectiveTensor comes back, even where no relayout follows the collective
     (sbhd mode 0, bshd mode 0 with b == 1): the result has waited, like UlyssesGroup's."""
@@ -149,9 +169,11 @@ def test_bad_constructor_arguments(world1):
 
 def test_window_bytes_by_tag_is_the_largest_plan_per_tag():
     heads = (2, 2, 2, 2, 1, 1, 1, 1)  # Wan 1.3B: 12 heads on 8 ranks
-    calls = [CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q", head_splits=heads),
-             CallSpec((1, 9, 12, 128), torch.bfloat16, 0, "q", head_splits=heads),
-             CallSpec((1, 72, 2, 128), torch.bfloat16, 1, "o")]
+    calls = [
+        CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q", head_splits=heads),
+        CallSpec((1, 9, 12, 128), torch.bfloat16, 0, "q", head_splits=heads),
+        CallSpec((1, 72, 2, 128), torch.bfloat16, 1, "o"),
+    ]
     got = window_bytes_by_tag(calls, 8, 0)
     want = {}
     for c in calls:
@@ -162,23 +184,29 @@ def test_window_bytes_by_tag_is_the_largest_plan_per_tag():
 
 def test_window_bytes_by_tag_takes_every_layout_and_narrow_rows():
     """A bhsd call and an fp32 d = 1 call (the LSE) size their windows as the plan says."""
-    calls = [CallSpec((2, 12, 6, 64), torch.bfloat16, 0, "q", layout="bhsd"),
-             CallSpec((2, 6, 12, 1), torch.float32, 0, "lse")]
+    calls = [
+        CallSpec((2, 12, 6, 64), torch.bfloat16, 0, "q", layout="bhsd"),
+        CallSpec((2, 6, 12, 1), torch.float32, 0, "lse"),
+    ]
     got = window_bytes_by_tag(calls, 4, 1)
     assert got == {"q": 2 * 3 * 24 * 64 * 2, "lse": 2 * 24 * 3 * 1 * 4}
     for c in calls:
-        assert got[c.tag] == fast_ulysses.plan(4, 1, 0, c.shape, c.dtype,
-                                               layout=c.layout).window_bytes
+        assert (
+            got[c.tag] == fast_ulysses.plan(4, 1, 0, c.shape, c.dtype, layout=c.layout).window_bytes
+        )
 
 
-@pytest.mark.parametrize("call,message", [
-    (CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q"), r"calls\[0\] \(tag 'q'\): .*divide"),
-    (CallSpec((1, 6, 8, 128), torch.float64, 0, "q"), r"calls\[0\] .*element size"),
-    (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, ""), r"calls\[0\]: tag is '': a tag must"),
-    (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, 7), r"calls\[0\]: tag is 7: a tag must"),
-    (CallSpec((1, 6, 8, 128), "bf17", 0, "q"), r"calls\[0\] .*dtype is 'bf17'.*bf16"),
-    ((1, 6, 8, 128), r"calls\[0\] is a tuple"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (CallSpec((1, 6, 12, 128), torch.bfloat16, 0, "q"), r"calls\[0\] \(tag 'q'\): .*divide"),
+        (CallSpec((1, 6, 8, 128), torch.float64, 0, "q"), r"calls\[0\] .*element size"),
+        (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, ""), r"calls\[0\]: tag is '': a tag must"),
+        (CallSpec((1, 6, 8, 128), torch.bfloat16, 0, 7), r"calls\[0\]: tag is 7: a tag must"),
+        (CallSpec((1, 6, 8, 128), "bf17", 0, "q"), r"calls\[0\] .*dtype is 'bf17'.*bf16"),
+        ((1, 6, 8, 128), r"calls\[0\] is a tuple"),
+    ],
+)
 def test_window_bytes_by_tag_rejects_bad_calls(call, message):
     with pytest.raises(ValueError, match=message):
         window_bytes_by_tag([call], 8, 0)
@@ -194,41 +222,69 @@ def test_reserve_checks_calls(world1):
 def test_reserve_takes_dicts_as_call_specs(world1):
     """A dict with CallSpec's field names declares the same call as the CallSpec; both kinds
     mix in one reserve()."""
-    calls = [{"tag": "q", "shape": (1, 6, 8, 16), "mode": 0, "dtype": "fp32"},
-             {"tag": "o", "shape": (8, 2, 6, 16), "mode": fast_ulysses.Mode.HEAD_TO_SEQ,
-              "dtype": torch.bfloat16, "seq_splits": [8], "head_splits": (6,), "layout": "sbhd"}]
+    calls = [
+        {"tag": "q", "shape": (1, 6, 8, 16), "mode": 0, "dtype": "fp32"},
+        {
+            "tag": "o",
+            "shape": (8, 2, 6, 16),
+            "mode": fast_ulysses.Mode.HEAD_TO_SEQ,
+            "dtype": torch.bfloat16,
+            "seq_splits": [8],
+            "head_splits": (6,),
+            "layout": "sbhd",
+        },
+    ]
     specs = [CallSpec(**call) for call in calls]
-    assert window_bytes_by_tag(calls, 1, 0) == window_bytes_by_tag(specs, 1, 0) == \
-        {"q": 1 * 6 * 8 * 16 * 4, "o": 8 * 2 * 6 * 16 * 2}
+    assert (
+        window_bytes_by_tag(calls, 1, 0)
+        == window_bytes_by_tag(specs, 1, 0)
+        == {"q": 1 * 6 * 8 * 16 * 4, "o": 8 * 2 * 6 * 16 * 2}
+    )
     group = TorchUlyssesGroup(world1)
-    group.reserve([calls[0], specs[1], {"tag": "k", "shape": [1, 6, 8, 16], "mode": 0,
-                                        "dtype": torch.float32}])
+    group.reserve(
+        [
+            calls[0],
+            specs[1],
+            {"tag": "k", "shape": [1, 6, 8, 16], "mode": 0, "dtype": torch.float32},
+        ]
+    )
     assert group.stats()["sealed"] is True and group.stats()["tags"] == 3
     x = torch.arange(768.0).reshape(1, 6, 8, 16)
     assert torch.equal(group.all_to_all_single_4d(x, 0, "q"), x)
     assert torch.equal(group.all_to_all_single_4d(x, 0, "k"), x)
-    with pytest.raises(FastUlyssesError, match="needs a window of 6144 bytes but it was "
-                                               "declared with 3072"):
+    with pytest.raises(
+        FastUlyssesError, match="needs a window of 6144 bytes but it was declared with 3072"
+    ):
         group.all_to_all_single_4d(torch.ones(8, 2, 6, 16), 1, "o", layout="sbhd")
 
 
 GOOD = {"tag": "q", "shape": (1, 6, 8, 128), "mode": 0, "dtype": "bf16"}
 
 
-@pytest.mark.parametrize("call,message", [
-    ({k: v for k, v in GOOD.items() if k != "dtype"},
-     r"^calls\[1\] has no key 'dtype': a call dict needs tag, shape, mode, dtype \(and may "
-     r"have seq_splits, head_splits, layout\)$"),
-    ({k: v for k, v in GOOD.items() if k != "tag"}, r"^calls\[1\] has no key 'tag'"),
-    (dict(GOOD, layuot="bshd"),
-     r"^calls\[1\] has the unknown key 'layuot': a call dict takes tag, shape, mode, dtype, "
-     r"seq_splits, head_splits, layout$"),
-    ({**GOOD, 1: 2}, r"^calls\[1\] has the unknown key 1: "),
-    (dict(GOOD, mode=2), r"^calls\[1\] \(tag 'q'\): mode"),
-    (dict(GOOD, tag=""), r"^calls\[1\]: tag is '': a tag must"),
-    ([1, 6, 8, 128], r"^calls\[1\] is a list: reserve takes fast_ulysses.CallSpec values, or "
-                     r"dicts with the keys tag, shape, mode, dtype"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            {k: v for k, v in GOOD.items() if k != "dtype"},
+            r"^calls\[1\] has no key 'dtype': a call dict needs tag, shape, mode, dtype \(and may "
+            r"have seq_splits, head_splits, layout\)$",
+        ),
+        ({k: v for k, v in GOOD.items() if k != "tag"}, r"^calls\[1\] has no key 'tag'"),
+        (
+            dict(GOOD, layuot="bshd"),
+            r"^calls\[1\] has the unknown key 'layuot': a call dict takes tag, shape, mode, dtype, "
+            r"seq_splits, head_splits, layout$",
+        ),
+        ({**GOOD, 1: 2}, r"^calls\[1\] has the unknown key 1: "),
+        (dict(GOOD, mode=2), r"^calls\[1\] \(tag 'q'\): mode"),
+        (dict(GOOD, tag=""), r"^calls\[1\]: tag is '': a tag must"),
+        (
+            [1, 6, 8, 128],
+            r"^calls\[1\] is a list: reserve takes fast_ulysses.CallSpec values, or "
+            r"dicts with the keys tag, shape, mode, dtype",
+        ),
+    ],
+)
 def test_reserve_refuses_bad_call_dicts_naming_the_call_and_key(world1, call, message):
     """reserve() and window_bytes_by_tag (shared by both groups) refuse a bad dict with
     FastUlyssesError naming calls[index] and the key; a refused reserve() seals nothing."""
@@ -254,7 +310,8 @@ def test_every_refusal_of_the_fallback_is_a_fast_ulysses_error(world1, monkeypat
         "mode": lambda: group.all_to_all_single_4d(x, 2, "t"),
         "deferred tag": lambda: group.all_to_all_single_4d(x, 0, "deferred"),
         "borrowed grad": lambda: group.all_to_all_single_4d_borrowed(
-            x.clone().requires_grad_(True), 0, "t"),
+            x.clone().requires_grad_(True), 0, "t"
+        ),
         "out": lambda: group.all_to_all_single_4d(x, 0, "t", out=torch.ones(1, 2, 2, 4)),
         "reserve": lambda: group.reserve([CallSpec((1, 2, 3, 8), "fp64", 0, "t")]),
     }
@@ -267,9 +324,13 @@ def test_every_refusal_of_the_fallback_is_a_fast_ulysses_error(world1, monkeypat
     with pytest.raises(FastUlyssesError, match="not declared and the pool is sealed"):
         group.all_to_all_single_4d(x, 0, "undeclared")
     group.destroy()
-    for use in (lambda: group.all_to_all_single_4d(x, 0, "t"), group.barrier, group.stats,
-                lambda: group.all_to_all_single_4d_borrowed(x, 0, "t"),
-                lambda: group.reserve([])):
+    for use in (
+        lambda: group.all_to_all_single_4d(x, 0, "t"),
+        group.barrier,
+        group.stats,
+        lambda: group.all_to_all_single_4d_borrowed(x, 0, "t"),
+        lambda: group.reserve([]),
+    ):
         with pytest.raises(FastUlyssesError, match="destroyed") as info:
             use()
         assert isinstance(info.value, RuntimeError)
@@ -296,6 +357,7 @@ def test_out_fills_the_callers_tensor_at_one_rank(world1):
 # The fast group's per-tag rules hold on the fallback too (one C++ definition, csrc/plan/
 # tag_rules.h): a program that breaks one must fail in a CPU test, not first on the GPU.
 
+
 def test_reserve_seals_the_group_as_on_the_fast_group(world1):
     group = TorchUlyssesGroup(world1)
     x = torch.ones(1, 6, 8, 16)
@@ -306,11 +368,17 @@ def test_reserve_seals_the_group_as_on_the_fast_group(world1):
     assert torch.equal(group.all_to_all_single_4d(x, 0, "q"), x)  # declared
     assert torch.equal(group.all_to_all_single_4d(x[:, :3].contiguous(), 0, "q"), x[:, :3])
     assert torch.equal(group.all_to_all_single_4d_borrowed(x, 0, "early"), x)
-    with pytest.raises(ValueError, match=r"tag 'z' needs a window of 3072 bytes but it was not "
-                                         r"declared and the pool is sealed by reserve\(\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"tag 'z' needs a window of 3072 bytes but it was not "
+        r"declared and the pool is sealed by reserve\(\)",
+    ):
         group.all_to_all_single_4d(x, 0, "z")
-    with pytest.raises(ValueError, match=r"tag 'q' needs a window of 6144 bytes but it was "
-                                         r"declared with 3072 .*declare this call in reserve"):
+    with pytest.raises(
+        ValueError,
+        match=r"tag 'q' needs a window of 6144 bytes but it was "
+        r"declared with 3072 .*declare this call in reserve",
+    ):
         group.all_to_all_single_4d_borrowed(torch.ones(1, 12, 8, 16), 0, "q")
     group.reserve([CallSpec((1, 12, 8, 16), torch.float32, 0, "q")])  # declared larger now
     assert group.all_to_all_single_4d(torch.ones(1, 12, 8, 16), 0, "q").shape == (1, 12, 8, 16)
@@ -324,8 +392,11 @@ def test_deferred_tag_refused_until_barrier(world1):
     assert group.stats()["deferred"] == 2
     assert torch.equal(group.all_to_all_single_4d_borrowed(x, 0, "v"), x)  # another tag: fine
     for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
-        with pytest.raises(ValueError, match=r"tag 'q' was last used with barrier=False and "
-                                             r"group.barrier\(\) has not run since"):
+        with pytest.raises(
+            ValueError,
+            match=r"tag 'q' was last used with barrier=False and "
+            r"group.barrier\(\) has not run since",
+        ):
             entry(x, 0, "q")
     group.barrier()
     assert group.stats()["deferred"] == 0
@@ -340,8 +411,11 @@ def test_tag_limit_as_on_the_fast_group(world1):
     for k in range(limit):
         group.all_to_all_single_4d(x, 0, f"t{k}")
     group.all_to_all_single_4d(x, 0, "t0")  # a known tag is always fine
-    with pytest.raises(ValueError, match=r"tag 'one more' would be the group's tag number 257: "
-                                         r"at most 256 distinct tags per group"):
+    with pytest.raises(
+        ValueError,
+        match=r"tag 'one more' would be the group's tag number 257: "
+        r"at most 256 distinct tags per group",
+    ):
         group.all_to_all_single_4d(x, 0, "one more")
     with pytest.raises(ValueError, match="at most 256 distinct tags"):
         group.reserve([CallSpec((1, 1, 1, 4), torch.float32, 0, "declared")])

@@ -11,19 +11,28 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wan_fused_attention.py"
 
 
-@pytest.mark.parametrize("value,message", [
-    ("0", "'0' is out of range: it must be in [1, 8] (e.g. 3)"),
-    ("-1", "'-1' is out of range: it must be in [1, 8] (e.g. 3)"),
-    ("9", "'9' is out of range: it must be in [1, 8] (e.g. 3)"),
-    (str(2 ** 63), f"'{2 ** 63}' is out of range: it must be in [1, 8] (e.g. 3)"),
-    ("2.0", "'2.0' is not an integer (e.g. 3)"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("0", "'0' is out of range: it must be in [1, 8] (e.g. 3)"),
+        ("-1", "'-1' is out of range: it must be in [1, 8] (e.g. 3)"),
+        ("9", "'9' is out of range: it must be in [1, 8] (e.g. 3)"),
+        (str(2**63), f"'{2**63}' is out of range: it must be in [1, 8] (e.g. 3)"),
+        ("2.0", "'2.0' is not an integer (e.g. 3)"),
+    ],
+)
 def test_wan_fused_attention_refuses_a_bad_rank_count(value, message):
     """Exit 2 with argparse's one error line naming --ranks; no rank spawned, no traceback (0
     used to mean the default, a negative count a traceback from the spawn)."""
-    result = subprocess.run([sys.executable, str(EXAMPLE), "--ranks", value],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--ranks", value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == \
-        f"wan_fused_attention.py: error: argument --ranks: {message}"
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"wan_fused_attention.py: error: argument --ranks: {message}"
+    )

@@ -31,9 +31,16 @@ class Case:
 
     def input_shape(self, rank: int, mode: int = 0) -> tuple:
         """Rank `rank`'s input shape for `mode`, from the plan."""
-        return plan_input_shape(len(self.seq_splits), rank, mode, batch=self.batch,
-                                head_dim=self.head_dim, seq_splits=self.seq_splits,
-                                head_splits=self.head_splits, layout=self.layout)
+        return plan_input_shape(
+            len(self.seq_splits),
+            rank,
+            mode,
+            batch=self.batch,
+            head_dim=self.head_dim,
+            seq_splits=self.seq_splits,
+            head_splits=self.head_splits,
+            layout=self.layout,
+        )
 
 
 def balanced(total: int, parts: int) -> tuple:
@@ -56,13 +63,14 @@ def cases(world_size: int) -> list[Case]:
         heads["hunyuan"] = balanced(24, 5)
     out = []
     for (sname, seq), (hname, head), layout, dtype, batch in itertools.product(
-            seqs.items(), heads.items(), LAYOUTS, (torch.float16, torch.bfloat16),
-            (1, 2)):
+        seqs.items(), heads.items(), LAYOUTS, (torch.float16, torch.bfloat16), (1, 2)
+    ):
         if dtype == torch.float16 and batch == 2 and sname == hname:
             continue  # keep the matrix moderate; every other combination runs
         out.append(Case(batch, seq, head, 64, dtype, layout))
     for layout, (seq, head) in itertools.product(
-            LAYOUTS, ((seqs["uneven"], heads["uneven"]), (seqs["even"], heads["even"]))):
+        LAYOUTS, ((seqs["uneven"], heads["uneven"]), (seqs["even"], heads["even"]))
+    ):
         out.append(Case(2, seq, head, 1, torch.float32, layout))
         out.append(Case(1, seq, head, 3, torch.float16, layout))
     return out
@@ -89,16 +97,24 @@ class Checker:
 
     def expect(self, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
         got = got.to("cpu")
-        if got.shape != want.shape or not torch.equal(got.view(torch.uint8) if got.numel() else got,
-                                                      want.view(torch.uint8) if want.numel() else want):
-            bad = "shape" if got.shape != want.shape else \
-                f"{(got != want).sum().item()} of {want.numel()} elements"
-            raise AssertionError(f"rank {self.rank}: {name}: mismatch ({bad}); got shape "
-                                 f"{tuple(got.shape)}, want {tuple(want.shape)}")
+        if got.shape != want.shape or not torch.equal(
+            got.view(torch.uint8) if got.numel() else got,
+            want.view(torch.uint8) if want.numel() else want,
+        ):
+            bad = (
+                "shape"
+                if got.shape != want.shape
+                else f"{(got != want).sum().item()} of {want.numel()} elements"
+            )
+            raise AssertionError(
+                f"rank {self.rank}: {name}: mismatch ({bad}); got shape "
+                f"{tuple(got.shape)}, want {tuple(want.shape)}"
+            )
 
     def splits(self, case):
-        return dict(seq_splits=list(case.seq_splits), head_splits=list(case.head_splits),
-                    layout=case.layout)
+        return dict(
+            seq_splits=list(case.seq_splits), head_splits=list(case.head_splits), layout=case.layout
+        )
 
     def check_matrix(self) -> None:
         for i, case in enumerate(cases(self.P)):
@@ -114,8 +130,9 @@ class Checker:
             yb = self.group.all_to_all_single_4d_borrowed(x, 0, "matrix-b", **self.splits(case))
             self.expect(f"case {i} borrowed mode 0", yb, want[self.rank])
             if self.reference is not None:
-                yr = self.reference.all_to_all_single_4d(xs[self.rank].to(self.reference_device),
-                                                         0, "matrix", **self.splits(case))
+                yr = self.reference.all_to_all_single_4d(
+                    xs[self.rank].to(self.reference_device), 0, "matrix", **self.splits(case)
+                )
                 self.expect(f"case {i} vs reference group", y, yr.to("cpu"))
         self.passed.append(f"matrix: {len(cases(self.P))} cases x (copy, round trip, borrowed)")
 
@@ -123,8 +140,9 @@ class Checker:
         case = cases(self.P)[0]
         xs = inputs_for(case, self.P, seed=101)
         want = fu.simulate(xs, 0, **self.splits(case))[self.rank]
-        y = self.group.all_to_all_single_4d(xs[self.rank].to(self.device), 0, "async",
-                                            **self.splits(case))
+        y = self.group.all_to_all_single_4d(
+            xs[self.rank].to(self.device), 0, "async", **self.splits(case)
+        )
         z = y * 2 + 1  # the first aten op waits, stream-ordered; no synchronize anywhere
         self.expect("async result consumed by another op", z, want * 2 + 1)
         self.passed.append("async result consumed without synchronize")
@@ -133,14 +151,17 @@ class Checker:
         case = cases(self.P)[-1]
         xa, xb, xa2 = (inputs_for(case, self.P, seed=s) for s in (201, 202, 203))
         wa, wb, wa2 = (fu.simulate(x, 0, **self.splits(case))[self.rank] for x in (xa, xb, xa2))
-        a = self.group.all_to_all_single_4d_borrowed(xa[self.rank].to(self.device), 0, "life-a",
-                                                     **self.splits(case))
-        b = self.group.all_to_all_single_4d_borrowed(xb[self.rank].to(self.device), 0, "life-b",
-                                                     **self.splits(case))
+        a = self.group.all_to_all_single_4d_borrowed(
+            xa[self.rank].to(self.device), 0, "life-a", **self.splits(case)
+        )
+        b = self.group.all_to_all_single_4d_borrowed(
+            xb[self.rank].to(self.device), 0, "life-b", **self.splits(case)
+        )
         self.expect("borrowed a after a call with another tag", a, wa)
         self.expect("borrowed b", b, wb)
-        a2 = self.group.all_to_all_single_4d_borrowed(xa2[self.rank].to(self.device), 0,
-                                                      "life-a", **self.splits(case))
+        a2 = self.group.all_to_all_single_4d_borrowed(
+            xa2[self.rank].to(self.device), 0, "life-a", **self.splits(case)
+        )
         # (a2's first use orders the stream after its transfer; the old handle `a` is no longer
         # a valid result, read here only to show the window was overwritten.)
         self.expect("the new borrowed a", a2, wa2)
@@ -153,12 +174,16 @@ class Checker:
         tags = ("q", "k", "v")
         xs = [inputs_for(case, self.P, seed=300 + i) for i in range(3)]
         wants = [fu.simulate(x, 0, **self.splits(case))[self.rank] for x in xs]
-        outs = [self.group.all_to_all_single_4d_borrowed(x[self.rank].to(self.device), 0, t,
-                                                         barrier=False, **self.splits(case))
-                for x, t in zip(xs, tags)]
+        outs = [
+            self.group.all_to_all_single_4d_borrowed(
+                x[self.rank].to(self.device), 0, t, barrier=False, **self.splits(case)
+            )
+            for x, t in zip(xs, tags)
+        ]
         try:
-            self.group.all_to_all_single_4d_borrowed(xs[0][self.rank].to(self.device), 0, "q",
-                                                     barrier=False, **self.splits(case))
+            self.group.all_to_all_single_4d_borrowed(
+                xs[0][self.rank].to(self.device), 0, "q", barrier=False, **self.splits(case)
+            )
         except ValueError as error:
             assert "barrier()" in str(error), error
         else:
@@ -182,8 +207,9 @@ class Checker:
                 x = xs[self.rank].to(self.device, non_blocking=True)
                 tag = f"loop{t % 3}"
                 if t % 3 == 2:
-                    y = self.group.all_to_all_single_4d_borrowed(x, mode, tag,
-                                                                 **self.splits(case)).clone()
+                    y = self.group.all_to_all_single_4d_borrowed(
+                        x, mode, tag, **self.splits(case)
+                    ).clone()
                 else:
                     y = self.group.all_to_all_single_4d(x, mode, tag, **self.splits(case))
                 issued.append((t, case, mode, xs, y))
@@ -250,39 +276,61 @@ class Checker:
             self.expect(f"{switch}: call {t}, tag {tag}, x at {where} address", y, want)
             n += 1
         xs = [inputs_for(aligned, self.P, seed=700 + i) for i in range(3)]
-        outs = [group.all_to_all_single_4d_borrowed(x[self.rank].to(self.device), 0,
-                                                    f"graphs-{t}", barrier=False,
-                                                    **self.splits(aligned))
-                for x, t in zip(xs, "qkv")]
+        outs = [
+            group.all_to_all_single_4d_borrowed(
+                x[self.rank].to(self.device),
+                0,
+                f"graphs-{t}",
+                barrier=False,
+                **self.splits(aligned),
+            )
+            for x, t in zip(xs, "qkv")
+        ]
         group.barrier()
         for t, got, x in zip("qkv", outs, xs):
-            self.expect(f"{switch}: deferred {t} after barrier()", got,
-                        fu.simulate(x, 0, **self.splits(aligned))[self.rank])
+            self.expect(
+                f"{switch}: deferred {t} after barrier()",
+                got,
+                fu.simulate(x, 0, **self.splits(aligned))[self.rank],
+            )
         n += 3
         # A call closed by its own handshake while a deferred call is open (its graph goes on the
         # communication stream, after the deferred one), then barrier(), then one more (its
         # graph on the caller's stream: nothing deferred is open).
         xq, xo, xp = (inputs_for(aligned, self.P, seed=710 + i) for i in range(3))
-        q = group.all_to_all_single_4d_borrowed(xq[self.rank].to(self.device), 0, "graphs-q",
-                                                barrier=False, **self.splits(aligned))
-        o = group.all_to_all_single_4d(xo[self.rank].to(self.device), 0, "graphs-o",
-                                       **self.splits(aligned))
-        self.expect(f"{switch}: owned call while q is deferred", o,
-                    fu.simulate(xo, 0, **self.splits(aligned))[self.rank])
+        q = group.all_to_all_single_4d_borrowed(
+            xq[self.rank].to(self.device), 0, "graphs-q", barrier=False, **self.splits(aligned)
+        )
+        o = group.all_to_all_single_4d(
+            xo[self.rank].to(self.device), 0, "graphs-o", **self.splits(aligned)
+        )
+        self.expect(
+            f"{switch}: owned call while q is deferred",
+            o,
+            fu.simulate(xo, 0, **self.splits(aligned))[self.rank],
+        )
         group.barrier()
-        self.expect(f"{switch}: deferred q after the owned call and barrier()", q,
-                    fu.simulate(xq, 0, **self.splits(aligned))[self.rank])
-        p = group.all_to_all_single_4d_borrowed(xp[self.rank].to(self.device), 0, "graphs-p",
-                                                **self.splits(aligned))
-        self.expect(f"{switch}: borrowed call after barrier()", p,
-                    fu.simulate(xp, 0, **self.splits(aligned))[self.rank])
+        self.expect(
+            f"{switch}: deferred q after the owned call and barrier()",
+            q,
+            fu.simulate(xq, 0, **self.splits(aligned))[self.rank],
+        )
+        p = group.all_to_all_single_4d_borrowed(
+            xp[self.rank].to(self.device), 0, "graphs-p", **self.splits(aligned)
+        )
+        self.expect(
+            f"{switch}: borrowed call after barrier()",
+            p,
+            fu.simulate(xp, 0, **self.splits(aligned))[self.rank],
+        )
         n += 3
         stats = group.stats()
         launched = stats["graph_calls"] - before["graph_calls"]
         expected = n if graphs else 0
         assert launched == expected, (
             f"rank {self.rank}: {n} eager calls, {launched} launched from cached graphs, "
-            f"expected {expected} ({switch}, P = {self.P}); stats {stats}")
+            f"expected {expected} ({switch}, P = {self.P}); stats {stats}"
+        )
         # x moving without end: one graph per new address up to the cache's bound, then the
         # signature is issued call by call.
         moving = 20
@@ -292,33 +340,62 @@ class Checker:
             x = xs[self.rank].to(self.device)
             kept.append(x)
             y = group.all_to_all_single_4d_borrowed(x, 0, "graphs-moving", **self.splits(aligned))
-            self.expect(f"{switch}: call {t} with x moving on every call", y,
-                        fu.simulate(xs, 0, **self.splits(aligned))[self.rank])
+            self.expect(
+                f"{switch}: call {t} with x moving on every call",
+                y,
+                fu.simulate(xs, 0, **self.splits(aligned))[self.rank],
+            )
         stats = group.stats()
-        moved = {k: stats[k] - before[k]
-                 for k in ("graph_calls", "graphs_cached", "eager_only_signatures")}
-        ok = (0 < moved["graph_calls"] == moved["graphs_cached"] < moving
-              and moved["eager_only_signatures"] == 1) if graphs else \
-            moved == {"graph_calls": 0, "graphs_cached": 0, "eager_only_signatures": 0}
+        moved = {
+            k: stats[k] - before[k]
+            for k in ("graph_calls", "graphs_cached", "eager_only_signatures")
+        }
+        ok = (
+            (
+                0 < moved["graph_calls"] == moved["graphs_cached"] < moving
+                and moved["eager_only_signatures"] == 1
+            )
+            if graphs
+            else moved == {"graph_calls": 0, "graphs_cached": 0, "eager_only_signatures": 0}
+        )
         assert ok, (
             f"rank {self.rank}: {switch}, {moving} calls with x at a new address each: {moved}; "
-            "expected " + ("a graph for each of the first few addresses, then the signature "
-                           "eager-only" if graphs else "no graph") + f"; stats {stats}")
-        return (f"{switch}: {n} calls, {launched} from cached graphs; x moving: "
-                f"{moved['graph_calls']} of {moving} from graphs"
-                + (", then eager-only" if graphs else ""))
+            "expected "
+            + (
+                "a graph for each of the first few addresses, then the signature eager-only"
+                if graphs
+                else "no graph"
+            )
+            + f"; stats {stats}"
+        )
+        return (
+            f"{switch}: {n} calls, {launched} from cached graphs; x moving: "
+            f"{moved['graph_calls']} of {moving} from graphs"
+            + (", then eager-only" if graphs else "")
+        )
 
     def check_bad_calls(self) -> None:
         x = torch.randn(1, 4, 2 * self.P + 1, 64, dtype=torch.bfloat16, device=self.device)
         bad = [
-            ("indivisible heads", lambda: self.group.all_to_all_single_4d(x, 0, "bad"),
-             "head_splits") if self.P > 1 else None,
+            (
+                "indivisible heads",
+                lambda: self.group.all_to_all_single_4d(x, 0, "bad"),
+                "head_splits",
+            )
+            if self.P > 1
+            else None,
             ("bad mode", lambda: self.group.all_to_all_single_4d(x, 2, "bad"), "mode"),
-            ("bad layout", lambda: self.group.all_to_all_single_4d(x, 0, "bad", layout="bsdh"),
-             "layout"),
+            (
+                "bad layout",
+                lambda: self.group.all_to_all_single_4d(x, 0, "bad", layout="bsdh"),
+                "layout",
+            ),
             ("cpu input", lambda: self.group.all_to_all_single_4d(x.cpu(), 0, "bad"), "device"),
-            ("non-contiguous", lambda: self.group.all_to_all_single_4d(
-                x.transpose(1, 2), 0, "bad"), "contiguous"),
+            (
+                "non-contiguous",
+                lambda: self.group.all_to_all_single_4d(x.transpose(1, 2), 0, "bad"),
+                "contiguous",
+            ),
         ]
         for entry in filter(None, bad):
             name, call, needle = entry
@@ -351,22 +428,39 @@ class Checker:
         y = self.group.all_to_all_single_4d_borrowed(x, 0, "alias", **self.splits(case))
         self.expect("borrowed result before the refused calls", y, want)
         window = y.elem if hasattr(y, "elem") else y  # the plain window view
-        self.expect_refused("a borrowed result fed back on its tag", lambda: (
-            self.group.all_to_all_single_4d_borrowed(y, 1, "alias", **self.splits(case))),
-            ("x overlaps the receive window of tag 'alias'",))
-        self.expect_refused("its plain window view fed back", lambda: (
-            self.group.all_to_all_single_4d_borrowed(window, 1, "alias", **self.splits(case))),
-            ("x overlaps the receive window of tag 'alias'",))
-        self.expect_refused("the owned call on the same input", lambda: (
-            self.group.all_to_all_single_4d(window, 1, "alias", **self.splits(case))),
-            ("x overlaps the receive window of tag 'alias'",))
-        self.expect_refused("a batch slice of a borrowed result", lambda: (
-            self.group.all_to_all_single_4d_borrowed(window[1:2], 1, "alias",
-                                                     **self.splits(case))),
-            ("x overlaps",))
-        self.expect_refused("a borrowed result as out= on its tag", lambda: (
-            self.group.all_to_all_single_4d(x, 0, "alias", out=window, **self.splits(case))),
-            ("out overlaps the receive window of tag 'alias'",))
+        self.expect_refused(
+            "a borrowed result fed back on its tag",
+            lambda: (self.group.all_to_all_single_4d_borrowed(y, 1, "alias", **self.splits(case))),
+            ("x overlaps the receive window of tag 'alias'",),
+        )
+        self.expect_refused(
+            "its plain window view fed back",
+            lambda: (
+                self.group.all_to_all_single_4d_borrowed(window, 1, "alias", **self.splits(case))
+            ),
+            ("x overlaps the receive window of tag 'alias'",),
+        )
+        self.expect_refused(
+            "the owned call on the same input",
+            lambda: (self.group.all_to_all_single_4d(window, 1, "alias", **self.splits(case))),
+            ("x overlaps the receive window of tag 'alias'",),
+        )
+        self.expect_refused(
+            "a batch slice of a borrowed result",
+            lambda: (
+                self.group.all_to_all_single_4d_borrowed(
+                    window[1:2], 1, "alias", **self.splits(case)
+                )
+            ),
+            ("x overlaps",),
+        )
+        self.expect_refused(
+            "a borrowed result as out= on its tag",
+            lambda: (
+                self.group.all_to_all_single_4d(x, 0, "alias", out=window, **self.splits(case))
+            ),
+            ("out overlaps the receive window of tag 'alias'",),
+        )
         # The same bytes on another tag are fine: that window is not written by this call.
         back = self.group.all_to_all_single_4d(window, 1, "alias-back", **self.splits(case))
         self.expect("a borrowed result sent back on another tag", back, xs[self.rank])
@@ -388,32 +482,55 @@ class Checker:
             self.expect(f"out= case {i}", buf.clone(), want)  # the buffer itself, no wait
         case = cases(self.P)[0]
         x = inputs_for(case, self.P, seed=510)[self.rank].to(self.device)
-        shape = fu.simulate(inputs_for(case, self.P, seed=510), 0,
-                            **self.splits(case))[self.rank].shape
+        shape = fu.simulate(inputs_for(case, self.P, seed=510), 0, **self.splits(case))[
+            self.rank
+        ].shape
         wrong = [
             ("dtype", torch.empty(shape, dtype=torch.float32, device=self.device), "dtype"),
-            ("shape", torch.empty((shape[0] + 1, *shape[1:]), dtype=case.dtype,
-                                  device=self.device), "shape"),
+            (
+                "shape",
+                torch.empty((shape[0] + 1, *shape[1:]), dtype=case.dtype, device=self.device),
+                "shape",
+            ),
             ("device", torch.empty(shape, dtype=case.dtype), "out is on cpu"),
-            ("non-contiguous", torch.empty((*shape[:-1], 2 * shape[-1]), dtype=case.dtype,
-                                           device=self.device)[..., ::2], "not contiguous"),
+            (
+                "non-contiguous",
+                torch.empty((*shape[:-1], 2 * shape[-1]), dtype=case.dtype, device=self.device)[
+                    ..., ::2
+                ],
+                "not contiguous",
+            ),
         ]
         for name, buf, needle in wrong:
-            self.expect_refused(f"out= with a wrong {name}", lambda: self.group.all_to_all_single_4d(
-                x, 0, "out", out=buf, **self.splits(case)), (needle,))
+            self.expect_refused(
+                f"out= with a wrong {name}",
+                lambda: self.group.all_to_all_single_4d(x, 0, "out", out=buf, **self.splits(case)),
+                (needle,),
+            )
         # x and out in one buffer, overlapping by one element.
         store = torch.empty(x.numel() + math.prod(shape), dtype=case.dtype, device=self.device)
-        xv = store[:x.numel()].view(x.shape)
+        xv = store[: x.numel()].view(x.shape)
         xv.copy_(x)
-        ov = store[x.numel() - 1:x.numel() - 1 + math.prod(shape)].view(shape)
-        self.expect_refused("out= sharing bytes with x", lambda: (
-            self.group.all_to_all_single_4d(xv, 0, "out", out=ov, **self.splits(case))),
-            ("out overlaps x",))
+        ov = store[x.numel() - 1 : x.numel() - 1 + math.prod(shape)].view(shape)
+        self.expect_refused(
+            "out= sharing bytes with x",
+            lambda: (self.group.all_to_all_single_4d(xv, 0, "out", out=ov, **self.splits(case))),
+            ("out overlaps x",),
+        )
         grad_x = x.detach().clone().requires_grad_(True)
-        self.expect_refused("out= with an input that requires grad", lambda: (
-            self.group.all_to_all_single_4d(grad_x, 0, "out", out=torch.empty(
-                shape, dtype=case.dtype, device=self.device), **self.splits(case))),
-            ("out=",))
+        self.expect_refused(
+            "out= with an input that requires grad",
+            lambda: (
+                self.group.all_to_all_single_4d(
+                    grad_x,
+                    0,
+                    "out",
+                    out=torch.empty(shape, dtype=case.dtype, device=self.device),
+                    **self.splits(case),
+                )
+            ),
+            ("out=",),
+        )
         self.passed.append("out=: bit-exact into the caller's buffer; wrong out refused")
 
     def check_async_result(self) -> None:
@@ -472,7 +589,9 @@ class Checker:
                 assert pending, (
                     f"rank {self.rank}: the caller's next kernel waited for the transfer (rank "
                     f"{late} was late by 0.5 s); host ms: call {1e3 * (t1 - t0):.1f}, queue "
-                    f"{1e3 * (t2 - t1):.1f}, caller-stream sync {1e3 * (t3 - t2):.1f}")
+                    f"{1e3 * (t2 - t1):.1f}, caller-stream sync {1e3 * (t3 - t2):.1f}"
+                )
                 overlapped += 1
-        self.passed.append(f"async results: caller-stream work ran beside {overlapped} pending "
-                           "transfers")
+        self.passed.append(
+            f"async results: caller-stream work ran beside {overlapped} pending transfers"
+        )

@@ -31,12 +31,22 @@ import fast_ulysses as fu
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="all ranks on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
-    parser.add_argument("--iterations", type=int, default=1000,
-                        help="back-to-back calls with fresh inputs (default 1000)")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="compare with simulate only, not with TorchUlyssesGroup")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="all ranks on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=1000,
+        help="back-to-back calls with fresh inputs (default 1000)",
+    )
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="compare with simulate only, not with TorchUlyssesGroup",
+    )
     return parser.parse_args()
 
 
@@ -55,28 +65,58 @@ def check_reserve_and_recreate(pg, rank, world_size, device, log) -> str:
     group = fu.UlyssesGroup(pg, 0)
     case = a2a_checks.cases(world_size)[0]
     shape = case.input_shape(rank)
-    group.reserve([fu.CallSpec(shape=shape, dtype=case.dtype, mode=0, tag="declared",
-                               seq_splits=list(case.seq_splits),
-                               head_splits=list(case.head_splits), layout=case.layout)])
+    group.reserve(
+        [
+            fu.CallSpec(
+                shape=shape,
+                dtype=case.dtype,
+                mode=0,
+                tag="declared",
+                seq_splits=list(case.seq_splits),
+                head_splits=list(case.head_splits),
+                layout=case.layout,
+            )
+        ]
+    )
     stats = group.stats()
     assert stats["sealed"] is True, stats
     fallback = fu.TorchUlyssesGroup(pg)  # both groups' stats() have the same keys, in order
     assert list(stats) == list(fallback.stats()), (list(stats), list(fallback.stats()))
     fallback.destroy()
     xs = a2a_checks.inputs_for(case, world_size, seed=77)
-    y = group.all_to_all_single_4d(xs[rank].to(device), 0, "declared",
-                                   seq_splits=list(case.seq_splits),
-                                   head_splits=list(case.head_splits), layout=case.layout)
-    want = fu.simulate(xs, 0, seq_splits=list(case.seq_splits),
-                       head_splits=list(case.head_splits), layout=case.layout)[rank]
+    y = group.all_to_all_single_4d(
+        xs[rank].to(device),
+        0,
+        "declared",
+        seq_splits=list(case.seq_splits),
+        head_splits=list(case.head_splits),
+        layout=case.layout,
+    )
+    want = fu.simulate(
+        xs,
+        0,
+        seq_splits=list(case.seq_splits),
+        head_splits=list(case.head_splits),
+        layout=case.layout,
+    )[rank]
     assert torch.equal(y.cpu(), want), "declared call after reserve() is wrong"
     for tag, scale in (("undeclared", 1), ("declared", 4)):
-        big = torch.randn(case.batch * scale, *shape[1:], dtype=case.dtype, device=device) \
-            if case.layout == "bshd" else torch.randn(shape[0], case.batch * scale, *shape[2:],
-                                                      dtype=case.dtype, device=device)
+        big = (
+            torch.randn(case.batch * scale, *shape[1:], dtype=case.dtype, device=device)
+            if case.layout == "bshd"
+            else torch.randn(
+                shape[0], case.batch * scale, *shape[2:], dtype=case.dtype, device=device
+            )
+        )
         try:
-            group.all_to_all_single_4d(big, 0, tag, seq_splits=list(case.seq_splits),
-                                       head_splits=list(case.head_splits), layout=case.layout)
+            group.all_to_all_single_4d(
+                big,
+                0,
+                tag,
+                seq_splits=list(case.seq_splits),
+                head_splits=list(case.head_splits),
+                layout=case.layout,
+            )
         except ValueError as error:
             assert "reserve()" in str(error), error
         else:
@@ -96,11 +136,11 @@ def check_tag_rules(pg, rank, world_size, device) -> str:
     call does; a call the sealed pool refuses uses no tag slot (stats()["tags"] unchanged)."""
     group = fu.UlyssesGroup(pg, 0)
     case = a2a_checks.cases(world_size)[0]
-    splits = dict(seq_splits=list(case.seq_splits), head_splits=list(case.head_splits),
-                  layout=case.layout)
+    splits = dict(
+        seq_splits=list(case.seq_splits), head_splits=list(case.head_splits), layout=case.layout
+    )
     x = a2a_checks.inputs_for(case, world_size, seed=91)[rank].to(device)
-    spec = fu.CallSpec(shape=case.input_shape(rank), dtype=case.dtype, mode=0, tag="held",
-                       **splits)
+    spec = fu.CallSpec(shape=case.input_shape(rank), dtype=case.dtype, mode=0, tag="held", **splits)
     group.all_to_all_single_4d_borrowed(x, 0, "held", barrier=False, **splits)
     try:
         group.reserve([spec])
@@ -134,14 +174,28 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
     x = torch.randn(1, 4, 2 * world_size, 64, dtype=torch.bfloat16, device=device)
     group.all_to_all_single_4d(x, 0, "agreed")
     # float64 (8-byte elements) is refused by the input rule; any row width is valid.
-    attempts = [("invalid on rank 0 only",
-                 lambda: group.all_to_all_single_4d(x.double() if rank == 0 else x,
-                                                    0, "bad"), "which is invalid")]
-    attempts.append(("on the CPU on rank 0 only", lambda: group.all_to_all_single_4d(
-        x.cpu() if rank == 0 else x, 0, "bad"), "x is on cpu but the group is on cuda"))
+    attempts = [
+        (
+            "invalid on rank 0 only",
+            lambda: group.all_to_all_single_4d(x.double() if rank == 0 else x, 0, "bad"),
+            "which is invalid",
+        )
+    ]
+    attempts.append(
+        (
+            "on the CPU on rank 0 only",
+            lambda: group.all_to_all_single_4d(x.cpu() if rank == 0 else x, 0, "bad"),
+            "x is on cpu but the group is on cuda",
+        )
+    )
     if world_size > 1:
-        attempts.append(("a tag that differs", lambda: group.all_to_all_single_4d(
-            x, 0, f"tag-of-rank-{rank}"), "differs across ranks"))
+        attempts.append(
+            (
+                "a tag that differs",
+                lambda: group.all_to_all_single_4d(x, 0, f"tag-of-rank-{rank}"),
+                "differs across ranks",
+            )
+        )
     if world_size > 1:
         # Backward calls (the C++ op, called by the autograd kernel) are checked too: rank 0
         # runs its two backwards in the other order, so its first one is on another tag.
@@ -150,11 +204,16 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
         yb = group.all_to_all_single_4d(xb, 0, "grad-b")
 
         def backwards_in_rank_order():
-            for y in ((ya, yb) if rank == 0 else (yb, ya)):
+            for y in (ya, yb) if rank == 0 else (yb, ya):
                 y.sum().backward()
 
-        attempts.append(("backwards in another order on rank 0", backwards_in_rank_order,
-                         "differs across ranks"))
+        attempts.append(
+            (
+                "backwards in another order on rank 0",
+                backwards_in_rank_order,
+                "differs across ranks",
+            )
+        )
     for name, call, needle in attempts:
         try:
             call()
@@ -163,8 +222,10 @@ def check_debug_mode(pg, rank, world_size, device) -> str:
         else:
             raise AssertionError(f"debug mode let '{name}' through")
     group.destroy()
-    return ("FAST_ULYSSES_DEBUG=1: mismatched and one-rank-invalid calls raise on every rank, "
-            "backward calls included")
+    return (
+        "FAST_ULYSSES_DEBUG=1: mismatched and one-rank-invalid calls raise on every rank, "
+        "backward calls included"
+    )
 
 
 @contextlib.contextmanager
@@ -195,17 +256,21 @@ def check_watchdog_report(text: str, group_name: str, world_size: int) -> None:
     reports = [line for line in text.splitlines() if line.startswith("fast-ulysses watchdog:")]
     assert len(reports) == 1, f"{len(reports)} watchdog reports, want 1: {text!r}"
     report = reports[0]
-    head = re.match(rf"fast-ulysses watchdog: group '{re.escape(group_name)}': rank 0: call #1 "
-                    rf"of tag 'late' has not completed after (\d+) s\. Flags on this rank, per "
-                    rf"peer:", report)
+    head = re.match(
+        rf"fast-ulysses watchdog: group '{re.escape(group_name)}': rank 0: call #1 "
+        rf"of tag 'late' has not completed after (\d+) s\. Flags on this rank, per "
+        rf"peer:",
+        report,
+    )
     assert head, f"watchdog report does not name the group, the call and its tag: {report!r}"
     assert int(head.group(1)) >= 2, f"reported after {head.group(1)} s, before the 2 s timeout"
     for flags in ("held", "held-owned", "landed"):
         found = re.search(rf" {flags}(?: \([^)]*\))? \[([^\]]*)\]", report)
         assert found, f"watchdog report lacks the {flags} flags: {report!r}"
         values = found.group(1).split()
-        assert len(values) == world_size and values[0] == "-" and \
-            all(v.isdigit() for v in values[1:]), f"{flags} flags {values}: {report!r}"
+        assert (
+            len(values) == world_size and values[0] == "-" and all(v.isdigit() for v in values[1:])
+        ), f"{flags} flags {values}: {report!r}"
     assert "FAST_ULYSSES_DEBUG=1" in report, report
 
 
@@ -255,9 +320,23 @@ def check_unwaited(pg, rank, world_size, device) -> str:
 
 
 # Every check, in run order (tests/gpu runs one pytest test per check and P).
-CHECKS = ("matrix", "async_consumer", "borrowed_lifetime", "deferred_barrier", "bad_calls",
-          "aliasing", "out", "back_to_back", "eager_graphs", "async_result",
-          "reserve_and_recreate", "tag_rules", "unwaited", "debug_mode", "watchdog")
+CHECKS = (
+    "matrix",
+    "async_consumer",
+    "borrowed_lifetime",
+    "deferred_barrier",
+    "bad_calls",
+    "aliasing",
+    "out",
+    "back_to_back",
+    "eager_graphs",
+    "async_result",
+    "reserve_and_recreate",
+    "tag_rules",
+    "unwaited",
+    "debug_mode",
+    "watchdog",
+)
 
 
 def check_names(world_size: int) -> list[str]:
@@ -279,20 +358,25 @@ def main() -> int:
     report = Report(rank)
     passed = []
     group = fu.UlyssesGroup(pg, initial_pool_bytes=1 << 20)
-    ref, ref_device = (None, None) if args.no_reference else reference_group(
-        pg, args.shared_gpu, device)
+    ref, ref_device = (
+        (None, None) if args.no_reference else reference_group(pg, args.shared_gpu, device)
+    )
     checker = a2a_checks.Checker(group, rank, world_size, device, ref, ref_device)
     steps = {
-        "matrix": checker.check_matrix, "async_consumer": checker.check_async_consumer,
+        "matrix": checker.check_matrix,
+        "async_consumer": checker.check_async_consumer,
         "borrowed_lifetime": checker.check_borrowed_lifetime,
-        "deferred_barrier": checker.check_deferred_barrier, "bad_calls": checker.check_bad_calls,
-        "async_result": checker.check_async_result, "aliasing": checker.check_aliasing,
+        "deferred_barrier": checker.check_deferred_barrier,
+        "bad_calls": checker.check_bad_calls,
+        "async_result": checker.check_async_result,
+        "aliasing": checker.check_aliasing,
         "out": checker.check_out,
         "unwaited": lambda: check_unwaited(pg, rank, world_size, device),
         "back_to_back": lambda: checker.check_back_to_back(args.iterations),
         "eager_graphs": checker.check_eager_graphs,
-        "reserve_and_recreate": lambda: check_reserve_and_recreate(pg, rank, world_size, device,
-                                                                   print),
+        "reserve_and_recreate": lambda: check_reserve_and_recreate(
+            pg, rank, world_size, device, print
+        ),
         "tag_rules": lambda: check_tag_rules(pg, rank, world_size, device),
         "debug_mode": lambda: check_debug_mode(pg, rank, world_size, device),
         "watchdog": lambda: check_watchdog(pg, rank, world_size, device),
@@ -309,9 +393,11 @@ def main() -> int:
     if rank == 0:
         for line in passed:
             print(f"  ok  {line}")
-        print(f"P={world_size} ({'ranks share one GPU' if args.shared_gpu else backend}), "
-              f"{time.time() - start:.1f} s, reference: "
-              f"{'simulate + TorchUlyssesGroup' if ref is not None else 'simulate'}")
+        print(
+            f"P={world_size} ({'ranks share one GPU' if args.shared_gpu else backend}), "
+            f"{time.time() - start:.1f} s, reference: "
+            f"{'simulate + TorchUlyssesGroup' if ref is not None else 'simulate'}"
+        )
         print(f"{len(passed)} passed, 0 failed")
     report.finish()
     # A group never destroyed, its last result never used: the process must still exit without

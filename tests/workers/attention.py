@@ -44,8 +44,7 @@ D = 8
 def split_cases(P):
     if P == 1:
         return [("even", None, None)]
-    return [("even", None, None),
-            ("uneven", [3, 2, 0][:P] if P == 3 else [3, 2], [2, 1, 2][:P])]
+    return [("even", None, None), ("uneven", [3, 2, 0][:P] if P == 3 else [3, 2], [2, 1, 2][:P])]
 
 
 def full_inputs(P, seq, heads, layout, seed, device):
@@ -75,21 +74,24 @@ def check_attention(pg, P, device) -> int:
         of = of.permute(back)
         (of * w).sum().backward()
         # This rank's shards.
-        ql, kl, vl = (t.narrow(s_dim, start, n).contiguous().requires_grad_()
-                      for t in (q, k, v))
+        ql, kl, vl = (t.narrow(s_dim, start, n).contiguous().requires_grad_() for t in (q, k, v))
         kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
         out = module(ql, kl, vl, **kw)
         want = of.detach().narrow(s_dim, start, n)
         torch.testing.assert_close(out.detach(), want, msg=lambda m: f"{name} {layout}: {m}")
         (out * w.narrow(s_dim, start, n)).sum().backward()
         for label, local, ref in (("q", ql, qf), ("k", kl, kf), ("v", vl, vf)):
-            torch.testing.assert_close(local.grad, ref.grad.narrow(s_dim, start, n),
-                                       msg=lambda m: f"{name} {layout} {label}.grad: {m}")
+            torch.testing.assert_close(
+                local.grad,
+                ref.grad.narrow(s_dim, start, n),
+                msg=lambda m: f"{name} {layout} {label}.grad: {m}",
+            )
         with torch.no_grad():
             infer = module(ql, kl, vl, **kw)
         # SDPA may pick another kernel without grad (on a GPU): close, not bit-exact.
-        torch.testing.assert_close(infer, out.detach(),
-                                   msg=lambda m: f"{name} {layout} inference path: {m}")
+        torch.testing.assert_close(
+            infer, out.detach(), msg=lambda m: f"{name} {layout} inference path: {m}"
+        )
         count += 1
     return count
 
@@ -104,18 +106,36 @@ class Recording:
         self.fallback, self.fallback_reason = inner.fallback, inner.fallback_reason
 
     def _record(self, entry, x, mode, tag, kw, out, barrier=None):
-        self.calls.append(dict(entry=entry, mode=mode, tag=tag, shape=tuple(x.shape),
-                               head_splits=kw.get("head_splits"), out=tuple(out.shape),
-                               barrier=barrier, ptr=x.data_ptr(), type=type(out).__name__))
+        self.calls.append(
+            dict(
+                entry=entry,
+                mode=mode,
+                tag=tag,
+                shape=tuple(x.shape),
+                head_splits=kw.get("head_splits"),
+                out=tuple(out.shape),
+                barrier=barrier,
+                ptr=x.data_ptr(),
+                type=type(out).__name__,
+            )
+        )
         return out
 
     def all_to_all_single_4d(self, x, mode, tag=None, **kw):
-        return self._record("owned", x, mode, tag, kw,
-                            self.inner.all_to_all_single_4d(x, mode, tag, **kw))
+        return self._record(
+            "owned", x, mode, tag, kw, self.inner.all_to_all_single_4d(x, mode, tag, **kw)
+        )
 
     def all_to_all_single_4d_borrowed(self, x, mode, tag, *, barrier=True, **kw):
-        return self._record("borrowed", x, mode, tag, kw, self.inner.all_to_all_single_4d_borrowed(
-            x, mode, tag, barrier=barrier, **kw), barrier)
+        return self._record(
+            "borrowed",
+            x,
+            mode,
+            tag,
+            kw,
+            self.inner.all_to_all_single_4d_borrowed(x, mode, tag, barrier=barrier, **kw),
+            barrier,
+        )
 
     def barrier(self):
         self.calls.append(dict(entry="barrier"))
@@ -137,8 +157,11 @@ def gqa_cases(P):
     cases = [("kv_multiple_of_P", 4 * P, 2 * P, None, None), ("mqa", 2 * P, 1, None, None)]
     if P >= 3:
         cases.append(("fewer_kv_than_ranks", 2 * P, 2, None, None))
-    uneven = {2: (6, 3, [3, 2], [3, 3]), 3: (6, 3, [2, 0, 3], [3, 2, 1]),
-              4: (8, 2, [3, 2, 0, 2], [3, 2, 2, 1])}
+    uneven = {
+        2: (6, 3, [3, 2], [3, 3]),
+        3: (6, 3, [2, 0, 3], [3, 2, 1]),
+        4: (8, 2, [3, 2, 0, 2], [3, 2, 2, 1]),
+    }
     if P in uneven:
         hq, hkv, seq, heads = uneven[P]
         cases.append(("uneven", hq, hkv, seq, heads))
@@ -171,7 +194,8 @@ def check_gqa(pg, P, device) -> int:
     rank = dist.get_rank(pg)
     count = 0
     for (name, hq, hkv, seq, heads), layout, fn in itertools.product(
-            gqa_cases(P), ("bshd", "sbhd"), (None, sdpa)):
+        gqa_cases(P), ("bshd", "sbhd"), (None, sdpa)
+    ):
         where = f"{name} {layout} attn_fn={'custom' if fn else 'default'}"
         (q, k, v, w), S = gqa_inputs(P, hq, hkv, seq, layout, 300 * P + count, device)
         rows = seq or [S // P] * P
@@ -180,36 +204,44 @@ def check_gqa(pg, P, device) -> int:
         qf, kf, vf = (t.clone().requires_grad_() for t in (q, k, v))
         to_bhsd = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
         back = [to_bhsd.index(i) for i in range(4)]
-        of = F.scaled_dot_product_attention(*(t.permute(to_bhsd) for t in (qf, kf, vf)),
-                                            enable_gqa=True).permute(back)
+        of = F.scaled_dot_product_attention(
+            *(t.permute(to_bhsd) for t in (qf, kf, vf)), enable_gqa=True
+        ).permute(back)
         (of * w).sum().backward()
-        ql, kl, vl = (t.narrow(s_dim, start, n).contiguous().requires_grad_()
-                      for t in (q, k, v))
+        ql, kl, vl = (t.narrow(s_dim, start, n).contiguous().requires_grad_() for t in (q, k, v))
         group = Recording(group_for(pg))
         module = fu.UlyssesAttention(group, attn_fn=fn)
         kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
         out = module(ql, kl, vl, **kw)
-        torch.testing.assert_close(out.detach(), of.detach().narrow(s_dim, start, n),
-                                   msg=lambda m: f"{where}: {m}")
+        torch.testing.assert_close(
+            out.detach(), of.detach().narrow(s_dim, start, n), msg=lambda m: f"{where}: {m}"
+        )
         (out * w.narrow(s_dim, start, n)).sum().backward()
         for label, local, ref in (("q", ql, qf), ("k", kl, kf), ("v", vl, vf)):
-            torch.testing.assert_close(local.grad, ref.grad.narrow(s_dim, start, n),
-                                       msg=lambda m: f"{where} {label}.grad: {m}")
+            torch.testing.assert_close(
+                local.grad,
+                ref.grad.narrow(s_dim, start, n),
+                msg=lambda m: f"{where} {label}.grad: {m}",
+            )
         for call in (c for c in group.calls if c.get("tag") in ("fu.attn.k", "fu.attn.v")):
             want = my_kv_heads(rank, hq, hkv, heads, P)
-            assert call["out"][h_dim] == len(want), \
+            assert call["out"][h_dim] == len(want), (
                 f"{where}: {call['tag']} received {call['out'][h_dim]} kv heads, not {want}"
+            )
             sent = sum(len(my_kv_heads(r, hq, hkv, heads, P)) for r in range(P))
-            assert call["shape"][h_dim] == sent, \
+            assert call["shape"][h_dim] == sent, (
                 f"{where}: {call['tag']} sent {call['shape'][h_dim]} kv heads, not {sent}"
+            )
             if hkv % P == 0 and heads is None:
-                assert sent == hkv and call["ptr"] == (kl if call["tag"] == "fu.attn.k"
-                                                       else vl).data_ptr(), \
-                    f"{where}: {call['tag']}'s send tensor is not k or v itself"
+                assert (
+                    sent == hkv
+                    and call["ptr"] == (kl if call["tag"] == "fu.attn.k" else vl).data_ptr()
+                ), f"{where}: {call['tag']}'s send tensor is not k or v itself"
         with torch.no_grad():
             infer = module(ql, kl, vl, **kw)
-        torch.testing.assert_close(infer, out.detach(),
-                                   msg=lambda m: f"{where} inference path: {m}")
+        torch.testing.assert_close(
+            infer, out.detach(), msg=lambda m: f"{where} inference path: {m}"
+        )
         count += 1
     return count
 
@@ -218,10 +250,12 @@ def pipeline_cases(P):
     """(name, Hq, Hkv, seq_splits, head_splits, G values)."""
     uneven = {1: ([5], [5]), 2: ([3, 2], [3, 1]), 3: ([3, 2, 0], [3, 2, 0])}
     seq, heads = uneven[P]
-    return [("even", 3 * P, 3 * P, None, None, (2, 3)),
-            ("uneven", sum(heads), sum(heads), seq, heads, (2, 3)),
-            ("gqa", 4 * P, 2 * P, None, None, (2, 4)),
-            ("mqa_uneven", sum(heads), 1, seq, heads, (2, 3))]
+    return [
+        ("even", 3 * P, 3 * P, None, None, (2, 3)),
+        ("uneven", sum(heads), sum(heads), seq, heads, (2, 3)),
+        ("gqa", 4 * P, 2 * P, None, None, (2, 4)),
+        ("mqa_uneven", sum(heads), 1, seq, heads, (2, 3)),
+    ]
 
 
 def check_pipeline(pg, P, device) -> int:
@@ -229,12 +263,14 @@ def check_pipeline(pg, P, device) -> int:
     exact = device.type == "cpu"
     count = 0
     for (name, hq, hkv, seq, heads, gs), layout in itertools.product(
-            pipeline_cases(P), ("bshd", "sbhd")):
+        pipeline_cases(P), ("bshd", "sbhd")
+    ):
         (q, k, v, w), S = gqa_inputs(P, hq, hkv, seq, layout, 500 * P + count, device)
         rows = seq or [S // P] * P
         s_dim = layout.index("s")
-        ql, kl, vl, wl = (t.narrow(s_dim, sum(rows[:rank]), rows[rank]).contiguous()
-                          for t in (q, k, v, w))
+        ql, kl, vl, wl = (
+            t.narrow(s_dim, sum(rows[:rank]), rows[rank]).contiguous() for t in (q, k, v, w)
+        )
         kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
         plain = fu.UlyssesAttention(pg)
         want, want_grads = _run(plain, ql, kl, vl, wl, kw)
@@ -245,8 +281,10 @@ def check_pipeline(pg, P, device) -> int:
             group = Recording(group_for(pg))
             got, got_grads = _run(fu.UlyssesAttention(group, pipeline=G), ql, kl, vl, wl, kw)
             bitwise = exact and hkv == hq
-            for label, a, b in (("output", got, want), *zip(("q.grad", "k.grad", "v.grad"),
-                                                            got_grads, want_grads)):
+            for label, a, b in (
+                ("output", got, want),
+                *zip(("q.grad", "k.grad", "v.grad"), got_grads, want_grads),
+            ):
                 _same(a, b, bitwise, f"{where}: {label} against pipeline=1's")
             _check_pipelined_calls(group.calls, G, where, P, group.fallback)
             with torch.no_grad():
@@ -259,8 +297,10 @@ def check_pipeline(pg, P, device) -> int:
 
 def _same(a, b, bitwise, where):
     if bitwise:
-        assert torch.equal(a, b), f"{where}: not bit-equal (largest difference " \
+        assert torch.equal(a, b), (
+            f"{where}: not bit-equal (largest difference "
             f"{(a - b).abs().max().item() if a.numel() else 0})"
+        )
     else:
         torch.testing.assert_close(a, b, msg=lambda m: f"{where}: {m}")
 
@@ -283,8 +323,9 @@ def _check_pipelined_calls(calls, G, where, P, fallback):
     assert all(c["entry"] == "owned" for c in calls), f"{where}: a pipelined call not owned"
     if not fallback and P > 1:
         kinds = {c["type"] for c in calls if c["mode"] == 0}
-        assert kinds == {"AsyncCollectiveTensor"}, \
+        assert kinds == {"AsyncCollectiveTensor"}, (
             f"{where}: input results {kinds}, not AsyncCollectiveTensor (in flight)"
+        )
 
 
 def _check_unpipelined_calls(pg, P, device):
@@ -296,8 +337,10 @@ def _check_unpipelined_calls(pg, P, device):
     with torch.no_grad():
         fu.UlyssesAttention(group, pipeline=1)(q, q, q, head_splits=heads)
     got = [(c["entry"], c.get("tag"), c.get("barrier"), c.get("head_splits")) for c in group.calls]
-    want = [("borrowed", f"fu.attn.{t}", False, heads) for t in "qkv"] + \
-        [("barrier", None, None, None), ("owned", "fu.attn.o", None, heads)]
+    want = [("borrowed", f"fu.attn.{t}", False, heads) for t in "qkv"] + [
+        ("barrier", None, None, None),
+        ("owned", "fu.attn.o", None, heads),
+    ]
     assert got == want, f"pipeline=1 calls {got}, expected today's {want}"
 
 
@@ -309,8 +352,11 @@ def check_registry(pg, P, device) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="every rank on cuda:0 (make_group picks the fast group)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0 (make_group picks the fast group)",
+    )
     args = parser.parse_args()
 
     def body(report, pg, P, device):
@@ -328,8 +374,11 @@ def main() -> int:
 
 
 def check_names(world: int, shared_gpu: bool = False) -> list[str]:
-    return [f"{c}_P{P}" for P in subgroup_sizes(world, shared_gpu)
-            for c in ("attention", "gqa", "pipeline", "registry")]
+    return [
+        f"{c}_P{P}"
+        for P in subgroup_sizes(world, shared_gpu)
+        for c in ("attention", "gqa", "pipeline", "registry")
+    ]
 
 
 if __name__ == "__main__":

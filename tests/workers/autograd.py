@@ -32,8 +32,16 @@ def layouts(P: int) -> list[str]:
     found = []
     for layout in CANDIDATE_LAYOUTS:
         try:
-            fu.plan(P, 0, 0, shape_of(layout, 1, 1, P), torch.float32, seq_splits=[1] * P,
-                    head_splits=[1] * P, layout=layout)
+            fu.plan(
+                P,
+                0,
+                0,
+                shape_of(layout, 1, 1, P),
+                torch.float32,
+                seq_splits=[1] * P,
+                head_splits=[1] * P,
+                layout=layout,
+            )
         except ValueError:
             continue
         found.append(layout)
@@ -69,33 +77,45 @@ def reference(xs, mode, seq, heads, layout):
 
 
 def same_bits(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8),
+            b.contiguous().reshape(-1).view(torch.uint8),
+        )
+    )
 
 
 def check_grads(group, P, device) -> int:
     rank, count = group.rank, 0
     for (name, seq, heads), mode, layout, dtype in itertools.product(
-            split_cases(P), (0, 1), layouts(P), (torch.float32, torch.bfloat16)):
+        split_cases(P), (0, 1), layouts(P), (torch.float32, torch.bfloat16)
+    ):
         shapes, seq_r, heads_r = input_shapes(mode, layout, P, seq, heads)
         g = torch.Generator().manual_seed(1000 * P + count)
         xs = [torch.randn(s, generator=g).to(dtype).requires_grad_() for s in shapes]
         outs = reference(xs, mode, seq_r, heads_r, layout)
         weights = [torch.randn(o.shape, generator=g) for o in outs]
         if layout in ("bshd", "sbhd"):
-            sim = fu.simulate([x.detach() for x in xs], mode, seq_splits=seq, head_splits=heads,
-                              layout=layout)
-            assert all(same_bits(a.detach(), b) for a, b in zip(outs, sim)), \
+            sim = fu.simulate(
+                [x.detach() for x in xs], mode, seq_splits=seq, head_splits=heads, layout=layout
+            )
+            assert all(same_bits(a.detach(), b) for a, b in zip(outs, sim)), (
                 f"{name} mode {mode} {layout}: the reference differs from simulate"
+            )
         sum((o.float() * w).sum() for o, w in zip(outs, weights)).backward()
         x = xs[rank].detach().to(device).requires_grad_()
-        y = group.all_to_all_single_4d(x, mode, f"t{mode}", seq_splits=seq, head_splits=heads,
-                                       layout=layout)
+        y = group.all_to_all_single_4d(
+            x, mode, f"t{mode}", seq_splits=seq, head_splits=heads, layout=layout
+        )
         assert same_bits(y.detach().cpu(), outs[rank].detach()), f"{name} mode {mode} forward"
         (y.float() * weights[rank].to(device)).sum().backward()
         if not same_bits(x.grad.cpu(), xs[rank].grad):
-            raise AssertionError(f"P={P} rank {rank} {name} mode={mode} {layout} {dtype}: "
-                                 "x.grad differs from single-process autograd")
+            raise AssertionError(
+                f"P={P} rank {rank} {name} mode={mode} {layout} {dtype}: "
+                "x.grad differs from single-process autograd"
+            )
         count += 1
     return count
 
@@ -142,16 +162,22 @@ def make(pg, shared_gpu):
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="the fast group, every rank on cuda:0 (else TorchUlyssesGroup, CPU)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="the fast group, every rank on cuda:0 (else TorchUlyssesGroup, CPU)",
+    )
     args = parser.parse_args()
 
     def body(report, pg, P, _device):
         group, device = make(pg, args.shared_gpu)
         with report.check(f"grads_P{P}") as entry:
             entry["detail"] = f"{check_grads(group, P, device)} cases"
-        for name, fn in (("residual", check_residual), ("borrowed", check_borrowed),
-                         ("auto_tag", check_auto_tag)):
+        for name, fn in (
+            ("residual", check_residual),
+            ("borrowed", check_borrowed),
+            ("auto_tag", check_auto_tag),
+        ):
             with report.check(f"{name}_P{P}"):
                 fn(group, P, device)
         group.destroy()
@@ -163,8 +189,11 @@ def main() -> int:
 
 def check_names(world: int, shared_gpu: bool = False) -> list[str]:
     """Every check a rank of a `world`-rank run reports, in order (for the last rank)."""
-    return [f"{c}_P{P}" for P in subgroup_sizes(world, shared_gpu)
-            for c in ("grads", "residual", "borrowed", "auto_tag")]
+    return [
+        f"{c}_P{P}"
+        for P in subgroup_sizes(world, shared_gpu)
+        for c in ("grads", "residual", "borrowed", "auto_tag")
+    ]
 
 
 if __name__ == "__main__":

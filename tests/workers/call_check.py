@@ -53,8 +53,16 @@ import fast_ulysses as fu
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.plan import input_shape
 
-MISMATCH_CHECKS = ["forgotten_seq_splits", "head_splits_one_rank", "mode_differs", "tag_differs",
-                   "layout_differs", "invalid_one_rank", "other_fields", "every_rank_invalid"]
+MISMATCH_CHECKS = [
+    "forgotten_seq_splits",
+    "head_splits_one_rank",
+    "mode_differs",
+    "tag_differs",
+    "layout_differs",
+    "invalid_one_rank",
+    "other_fields",
+    "every_rank_invalid",
+]
 SWITCH_CHECKS = ["check_gathers", "switch_disagrees", "debug_replaces_check"]
 OUT_CHECKS = ["out_bit_exact", "out_refused"]
 CHECK_ENV = "FAST_ULYSSES_CHECK_CALLS"
@@ -66,8 +74,14 @@ def seeded(shape, seed, dtype=torch.bfloat16):
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8),
+            b.contiguous().reshape(-1).view(torch.uint8),
+        )
+    )
 
 
 def refused_everywhere(pg, call, *needles, same: bool = True) -> str:
@@ -135,16 +149,20 @@ def env_on(here: bool, name: str, value: str):
 
 # -- the mismatches (P > 1) ----------------------------------------------------------------------
 
+
 def forgotten_seq_splits(group, pg, r, P):
     rows = [2 + k for k in range(P)]  # rank k holds 2 + k rows
     x = seeded((1, rows[r], 2 * P, 8), r)
     for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
         text = refused_everywhere(
-            pg, lambda: entry(x, 0, "q"), "differs across ranks",
+            pg,
+            lambda: entry(x, 0, "q"),
+            "differs across ranks",
             f"rank 0 called {entry.__name__}(x=(1, 2, {2 * P}, 8)",
             f"but rank 1 called {entry.__name__}(x=(1, 3, {2 * P}, 8)",
             f"the resolved seq_splits ({[2] * P} on rank 0, {[3] * P} on rank 1)",
-            "seq_splits=None means an even split")
+            "seq_splits=None means an even split",
+        )
         assert "head_splits (" not in text, text
     inputs = [seeded((1, rows[k], 2 * P, 8), k) for k in range(P)]
     got = group.all_to_all_single_4d(x, 0, "q", seq_splits=rows)
@@ -156,19 +174,30 @@ def head_splits_one_rank(group, pg, r, P):
     mine = [3, 1] if P == 2 else [3, 2, 1]
     x = seeded((1, 2, 2 * P, 8), r)
     refused_everywhere(
-        pg, lambda: group.all_to_all_single_4d(x, 0, "q", head_splits=mine if r == 0 else None),
-        "differs across ranks", f"head_splits={mine}", "head_splits=None",
+        pg,
+        lambda: group.all_to_all_single_4d(x, 0, "q", head_splits=mine if r == 0 else None),
+        "differs across ranks",
+        f"head_splits={mine}",
+        "head_splits=None",
         f"the resolved head_splits ({mine} on rank 0, {[2] * P} on rank 1)",
-        "head_splits=None means an even split")
+        "head_splits=None means an even split",
+    )
     agreed(group, 20)
 
 
 def mode_differs(group, pg, r, P):
     x = seeded((1, 2 * P, 2 * P, 8), r)
     mode = fu.Mode.HEAD_TO_SEQ if r == 0 else 0
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d(x, mode, "q"),
-                       "differs across ranks", "rank 0 called", "mode=1", "but rank 1 called",
-                       "mode=0", "they differ in mode (1 on rank 0, 0 on rank 1)")
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d(x, mode, "q"),
+        "differs across ranks",
+        "rank 0 called",
+        "mode=1",
+        "but rank 1 called",
+        "mode=0",
+        "they differ in mode (1 on rank 0, 0 on rank 1)",
+    )
     agreed(group, 30)
 
 
@@ -178,8 +207,13 @@ def tag_differs(group, pg, r, P):
     agreed(group, 40)
     tags = group.stats()["tags"]
     text = refused_everywhere(
-        pg, lambda: group.all_to_all_single_4d(x, 0, "k" if r == last else "q"),
-        "differs across ranks", "tag='q'", f"but rank {last} called", "tag='k'")
+        pg,
+        lambda: group.all_to_all_single_4d(x, 0, "k" if r == last else "q"),
+        "differs across ranks",
+        "tag='q'",
+        f"but rank {last} called",
+        "tag='k'",
+    )
     assert text.endswith(": they differ in tag"), text
     assert group.stats()["tags"] == tags, "a refused call used a tag"
     agreed(group, 41)
@@ -188,8 +222,12 @@ def tag_differs(group, pg, r, P):
 def layout_differs(group, pg, r, P):
     x = seeded((2, 2, 2 * P, 8), r)  # bshd: b=2, s=2; sbhd: s=2, b=2
     text = refused_everywhere(
-        pg, lambda: group.all_to_all_single_4d(x, 0, "q", layout="sbhd" if r == 0 else "bshd"),
-        "differs across ranks", "layout='sbhd'", "layout='bshd'")
+        pg,
+        lambda: group.all_to_all_single_4d(x, 0, "q", layout="sbhd" if r == 0 else "bshd"),
+        "differs across ranks",
+        "layout='sbhd'",
+        "layout='bshd'",
+    )
     assert text.endswith(": they differ in layout"), text
     agreed(group, 50)
 
@@ -203,40 +241,67 @@ def invalid_one_rank(group, pg, r, P):
         plan_says = str(error)
     else:
         raise AssertionError("the plan accepted the bad call")
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d(x, 0, "q"),
-                       "was refused on every rank", f"rank {last} called all_to_all_single_4d(x="
-                       f"(1, 2, {2 * P + 1}, 8)", f"which is invalid: {plan_says}",
-                       f"rank 0 called all_to_all_single_4d(x=(1, 2, {2 * P}, 8)")
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d(x, 0, "q"),
+        "was refused on every rank",
+        f"rank {last} called all_to_all_single_4d(x=(1, 2, {2 * P + 1}, 8)",
+        f"which is invalid: {plan_says}",
+        f"rank 0 called all_to_all_single_4d(x=(1, 2, {2 * P}, 8)",
+    )
     agreed(group, 60)
     good = seeded((1, 2, 2 * P, 8), r)
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d(good, 0, "" if r == last else "q"),
-                       f"rank {last} called", "which is invalid: tag is '': a tag must be a "
-                       "non-empty str")
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d(good, 0, "" if r == last else "q"),
+        f"rank {last} called",
+        "which is invalid: tag is '': a tag must be a non-empty str",
+    )
     agreed(group, 61)
     grad = good.float().requires_grad_(r == 0)
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d_borrowed(grad, 0, "q"),
-                       "rank 0 called all_to_all_single_4d_borrowed(", "which is invalid",
-                       "requires grad", "rank 1 called")
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d_borrowed(grad, 0, "q"),
+        "rank 0 called all_to_all_single_4d_borrowed(",
+        "which is invalid",
+        "requires grad",
+        "rank 1 called",
+    )
     agreed(group, 62)
 
 
 def other_fields(group, pg, r, P):
     x = seeded((1, 2, 2 * P, 8), r)
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d(
-        x if r else x.to(torch.float16), 0, "q"), "differs across ranks", "torch.float16",
-        "torch.bfloat16", ": they differ in dtype")
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d_borrowed(
-        x, 0, "b", barrier=r != 0), "barrier=False", "barrier=True",
-        ": they differ in barrier (False on rank 0, True on rank 1)")
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d(x if r else x.to(torch.float16), 0, "q"),
+        "differs across ranks",
+        "torch.float16",
+        "torch.bfloat16",
+        ": they differ in dtype",
+    )
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d_borrowed(x, 0, "b", barrier=r != 0),
+        "barrier=False",
+        "barrier=True",
+        ": they differ in barrier (False on rank 0, True on rank 1)",
+    )
     entry = group.all_to_all_single_4d if r == 0 else group.all_to_all_single_4d_borrowed
-    refused_everywhere(pg, lambda: entry(x, 0, "q"), "rank 0 called all_to_all_single_4d(",
-                       "but rank 1 called all_to_all_single_4d_borrowed(",
-                       ": they differ in entry point")
+    refused_everywhere(
+        pg,
+        lambda: entry(x, 0, "q"),
+        "rank 0 called all_to_all_single_4d(",
+        "but rank 1 called all_to_all_single_4d_borrowed(",
+        ": they differ in entry point",
+    )
     assert group.stats()["deferred"] == 0, "a refused barrier=False call deferred its tag"
     wide = seeded((2, 2, 2 * P, 8) if r == 0 else (1, 2, 2 * P, 16), r)  # one window size
-    refused_everywhere(pg, lambda: group.all_to_all_single_4d(wide, 0, "q"),
-                       ": they differ in batch (2 on rank 0, 1 on rank 1), head_dim (8 on rank "
-                       "0, 16 on rank 1)")
+    refused_everywhere(
+        pg,
+        lambda: group.all_to_all_single_4d(wide, 0, "q"),
+        ": they differ in batch (2 on rank 0, 1 on rank 1), head_dim (8 on rank 0, 16 on rank 1)",
+    )
     agreed(group, 70)
 
 
@@ -260,6 +325,7 @@ def every_rank_invalid(group, pg, r, P):
 
 
 # -- the switch (P > 1) --------------------------------------------------------------------------
+
 
 def check_gathers(group, pg, r, P):
     x = seeded((1, 2, 2 * P, 8), r, torch.float32)
@@ -289,11 +355,15 @@ def switch_disagrees(group, pg, r, P):
     ranks = "rank 0" if P == 2 else "ranks 0, 1"
     with env_on(r == last, CHECK_ENV, "0"):
         for build in (lambda: fu.TorchUlyssesGroup(pg), lambda: fu.make_group(pg, prefer="torch")):
-            refused_everywhere(pg, build, f"{CHECK_ENV}=0 on rank {last} but not on {ranks}: "
-                                          "set it the same on every rank")
+            refused_everywhere(
+                pg,
+                build,
+                f"{CHECK_ENV}=0 on rank {last} but not on {ranks}: set it the same on every rank",
+            )
     with env_on(r == last, CHECK_ENV, "maybe"):
-        refused_everywhere(pg, lambda: fu.TorchUlyssesGroup(pg),
-                           f"rank {last}: {CHECK_ENV}=maybe: must be 1")
+        refused_everywhere(
+            pg, lambda: fu.TorchUlyssesGroup(pg), f"rank {last}: {CHECK_ENV}=maybe: must be 1"
+        )
     with env_on(True, CHECK_ENV, "0"):
         fu.TorchUlyssesGroup(pg).destroy()  # set alike everywhere: fine
     agreed(group, 90)
@@ -307,17 +377,28 @@ def debug_replaces_check(group, pg, r, P):
         agreed(debugged, 100)
     assert counts == {"rows": 0, "objects": 1}, counts
     out = torch.empty(1, 2 * P, 2, 8, dtype=torch.bfloat16 if r else torch.float16)
-    refused_everywhere(pg, lambda: debugged.all_to_all_single_4d(x, 0, "q", out=out),
-                       "call #2: rank 0 called all_to_all_single_4d(", "which is invalid",
-                       "out has dtype torch.float16 but x has torch.bfloat16")
+    refused_everywhere(
+        pg,
+        lambda: debugged.all_to_all_single_4d(x, 0, "q", out=out),
+        "call #2: rank 0 called all_to_all_single_4d(",
+        "which is invalid",
+        "out has dtype torch.float16 but x has torch.bfloat16",
+    )
     wide = seeded((2, 2, 2 * P, 8) if r == 0 else (1, 2, 2 * P, 16), r)  # one window size
-    refused_everywhere(pg, lambda: debugged.all_to_all_single_4d(wide, 0, "q"),
-                       "call #3 differs across ranks", "x=(2, 2,", "x=(1, 2,", same=False)
+    refused_everywhere(
+        pg,
+        lambda: debugged.all_to_all_single_4d(wide, 0, "q"),
+        "call #3 differs across ranks",
+        "x=(2, 2,",
+        "x=(1, 2,",
+        same=False,
+    )
     agreed(debugged, 101)
     debugged.destroy()
 
 
 # -- out= (every P) ------------------------------------------------------------------------------
+
 
 def out_cases(P: int):
     """(mode, layout, b, seq_splits, head_splits, dtype): both modes, every layout, b = 1 and 2,
@@ -333,10 +414,23 @@ def out_cases(P: int):
 def out_bit_exact(group, pg, r, P):
     for k, (mode, layout, b, seq, heads, dtype) in enumerate(out_cases(P)):
         seq_full, heads_full = seq or [2] * P, heads or [2] * P
-        inputs = [seeded(input_shape(P, j, mode, batch=b, head_dim=8, seq_splits=seq_full,
-                                      head_splits=heads_full, layout=layout),
-                          1000 * k + j, dtype)
-                  for j in range(P)]
+        inputs = [
+            seeded(
+                input_shape(
+                    P,
+                    j,
+                    mode,
+                    batch=b,
+                    head_dim=8,
+                    seq_splits=seq_full,
+                    head_splits=heads_full,
+                    layout=layout,
+                ),
+                1000 * k + j,
+                dtype,
+            )
+            for j in range(P)
+        ]
         kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
         want = fu.simulate(inputs, mode, **kw)[r]
         out = torch.full(want.shape, float("nan"), dtype=dtype)
@@ -359,28 +453,56 @@ def out_refused(group, pg, r, P):
     x = seeded((1, 2, 2 * P, 8), r)
     shape = (1, 2 * P, 2, 8)
     backing = torch.empty(2 * x.numel(), dtype=x.dtype)
-    in_backing = backing[:x.numel()].view(x.shape).copy_(x)
+    in_backing = backing[: x.numel()].view(x.shape).copy_(x)
     grad_x = x.float().requires_grad_(True)
     cases = [  # (name, x, bad out, message)
-        ("dtype", x, torch.empty(shape, dtype=torch.float16),
-         "out has dtype torch.float16 but x has torch.bfloat16: out must have x's dtype"),
-        ("shape", x, torch.empty(1, 2 * P, 3, 8, dtype=x.dtype),
-         f"out has shape [1, {2 * P}, 3, 8] but the call's output is [1, {2 * P}, 2, 8]: out "
-         "must have the output's shape"),
-        ("device", x, torch.empty(shape, dtype=x.dtype, device="meta"),
-         "out is on meta but x is on cpu: out must be on x's device"),
-        ("non-contiguous", x, torch.empty(1, 2, 2 * P, 8, dtype=x.dtype).transpose(1, 2),
-         f"out (shape [1, {2 * P}, 2, 8], strides [{32 * P}, 8, {16 * P}, 1]) is not "
-         "contiguous: out must be a contiguous tensor"),
-        ("overlap", in_backing, backing[x.numel() // 2:][:x.numel()].view(shape),
-         "out overlaps x in memory: the call reads x while it writes out; pass an out that "
-         "shares no bytes with x"),
-        ("x requires grad", grad_x, torch.empty(shape),
-         "out= with an input that requires grad: out= records no backward; call without out= "
-         "when gradients are needed"),
-        ("out requires grad", x.float(), torch.empty(shape, requires_grad=True),
-         "out= with an out that requires grad: out= records no backward; call without out= "
-         "when gradients are needed"),
+        (
+            "dtype",
+            x,
+            torch.empty(shape, dtype=torch.float16),
+            "out has dtype torch.float16 but x has torch.bfloat16: out must have x's dtype",
+        ),
+        (
+            "shape",
+            x,
+            torch.empty(1, 2 * P, 3, 8, dtype=x.dtype),
+            f"out has shape [1, {2 * P}, 3, 8] but the call's output is [1, {2 * P}, 2, 8]: out "
+            "must have the output's shape",
+        ),
+        (
+            "device",
+            x,
+            torch.empty(shape, dtype=x.dtype, device="meta"),
+            "out is on meta but x is on cpu: out must be on x's device",
+        ),
+        (
+            "non-contiguous",
+            x,
+            torch.empty(1, 2, 2 * P, 8, dtype=x.dtype).transpose(1, 2),
+            f"out (shape [1, {2 * P}, 2, 8], strides [{32 * P}, 8, {16 * P}, 1]) is not "
+            "contiguous: out must be a contiguous tensor",
+        ),
+        (
+            "overlap",
+            in_backing,
+            backing[x.numel() // 2 :][: x.numel()].view(shape),
+            "out overlaps x in memory: the call reads x while it writes out; pass an out that "
+            "shares no bytes with x",
+        ),
+        (
+            "x requires grad",
+            grad_x,
+            torch.empty(shape),
+            "out= with an input that requires grad: out= records no backward; call without out= "
+            "when gradients are needed",
+        ),
+        (
+            "out requires grad",
+            x.float(),
+            torch.empty(shape, requires_grad=True),
+            "out= with an out that requires grad: out= records no backward; call without out= "
+            "when gradients are needed",
+        ),
         ("not a tensor", x, [0.0], "out is a list: it must be a torch.Tensor (or None)"),
     ]
     for name, xin, bad, message in cases:
@@ -388,13 +510,18 @@ def out_refused(group, pg, r, P):
         good = torch.full(shape, -7.0, dtype=xin.dtype)
         mine, out = (xin, bad) if r == last else (xin.detach().clone(), good)
         if P == 1:
-            text = refused_everywhere(pg, lambda: group.all_to_all_single_4d(mine, 0, "o",
-                                                                             out=out), same=False)
+            text = refused_everywhere(
+                pg, lambda: group.all_to_all_single_4d(mine, 0, "o", out=out), same=False
+            )
             assert text == message, f"{name}: {text!r} != {message!r}"
         else:
-            refused_everywhere(pg, lambda: group.all_to_all_single_4d(mine, 0, "o", out=out),
-                               "was refused on every rank", f"rank {last} called",
-                               "which is invalid: " + message)
+            refused_everywhere(
+                pg,
+                lambda: group.all_to_all_single_4d(mine, 0, "o", out=out),
+                "was refused on every rank",
+                f"rank {last} called",
+                "which is invalid: " + message,
+            )
             if r != last:
                 assert torch.equal(good, torch.full(shape, -7.0, dtype=xin.dtype)), name
         agreed(group, 200)

@@ -65,27 +65,44 @@ def main() -> int:
         heads = [2, 1, 1] if rank == 0 else [1, 2, 1]
         x = seeded((1, 2, 4, 8), rank)
         for entry in (group.all_to_all_single_4d, group.all_to_all_single_4d_borrowed):
-            expect_refused(lambda: entry(x, 0, "q", head_splits=heads), "differs across ranks",
-                           "head_splits=[2, 1, 1]", "head_splits=[1, 2, 1]", entry.__name__)
+            expect_refused(
+                lambda: entry(x, 0, "q", head_splits=heads),
+                "differs across ranks",
+                "head_splits=[2, 1, 1]",
+                "head_splits=[1, 2, 1]",
+                entry.__name__,
+            )
         agreed_call(group, rank, 10)
 
     with report.check("debug_mode"):
-        call = ((lambda: group.all_to_all_single_4d(seeded((1, 6, 1, 8), rank),
-                                                    fu.Mode.HEAD_TO_SEQ, "o"))
-                if rank == 0 else
-                (lambda: group.all_to_all_single_4d(seeded((1, 2, 3, 8), rank), 0, "o")))
+        call = (
+            (
+                lambda: group.all_to_all_single_4d(
+                    seeded((1, 6, 1, 8), rank), fu.Mode.HEAD_TO_SEQ, "o"
+                )
+            )
+            if rank == 0
+            else (lambda: group.all_to_all_single_4d(seeded((1, 2, 3, 8), rank), 0, "o"))
+        )
         expect_refused(call, "differs across ranks", "rank 0 called", "mode=1", "mode=0")
         agreed_call(group, rank, 20)
 
     with report.check("debug_invalid"):
         x = seeded((1, 2, 3, 8), rank)
-        expect_refused(lambda: group.all_to_all_single_4d(x, 0, "" if rank == 1 else "q"),
-                       "rank 1 called all_to_all_single_4d(", "tag=''", "which is invalid",
-                       "tag is '': a tag must be a non-empty str")
+        expect_refused(
+            lambda: group.all_to_all_single_4d(x, 0, "" if rank == 1 else "q"),
+            "rank 1 called all_to_all_single_4d(",
+            "tag=''",
+            "which is invalid",
+            "tag is '': a tag must be a non-empty str",
+        )
         bad = x.double() if rank == 2 else x  # 8-byte elements on rank 2
-        expect_refused(lambda: group.all_to_all_single_4d_borrowed(bad, 0, "q"),
-                       "rank 2 called all_to_all_single_4d_borrowed(x=(1, 2, 3, 8)",
-                       "which is invalid", "element size must be 1, 2 or 4 bytes")
+        expect_refused(
+            lambda: group.all_to_all_single_4d_borrowed(bad, 0, "q"),
+            "rank 2 called all_to_all_single_4d_borrowed(x=(1, 2, 3, 8)",
+            "which is invalid",
+            "element size must be 1, 2 or 4 bytes",
+        )
         agreed_call(group, rank, 30)
 
     with report.check("debug_agreed"):

@@ -41,8 +41,13 @@ from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import deepspeed as ours
 
 INDICES = (-1, 0, 1, 2, 3)
-CHECKS = ("deepspeed_pairs", "deepspeed_rotary", "deepspeed_errors", "deepspeed_uneven",
-          "deepspeed_uneven_errors")
+CHECKS = (
+    "deepspeed_pairs",
+    "deepspeed_rotary",
+    "deepspeed_errors",
+    "deepspeed_uneven",
+    "deepspeed_uneven_errors",
+)
 MULTI_RANK = ("deepspeed_errors", "deepspeed_uneven", "deepspeed_uneven_errors")  # P > 1 only
 
 
@@ -71,8 +76,10 @@ def shape_for(batch_dim_idx, bshd):
 def modules(scatter_idx, gather_idx, pg):
     from deepspeed.sequence.layer import DistributedAttention as Upstream
 
-    return (ours.DistributedAttention(adapters.local_attention, pg, scatter_idx, gather_idx),
-            Upstream(adapters.local_attention, pg, scatter_idx, gather_idx))
+    return (
+        ours.DistributedAttention(adapters.local_attention, pg, scatter_idx, gather_idx),
+        Upstream(adapters.local_attention, pg, scatter_idx, gather_idx),
+    )
 
 
 def call(module, batch_dim_idx, rotary=None):
@@ -108,8 +115,10 @@ def check_pairs(pg, P):
         for gather_idx in INDICES:
             for batch_dim_idx in (0, 1):
                 n += 1
-                label = (f"DistributedAttention(scatter_idx={scatter_idx}, "
-                         f"gather_idx={gather_idx}) batch_dim_idx={batch_dim_idx}")
+                label = (
+                    f"DistributedAttention(scatter_idx={scatter_idx}, "
+                    f"gather_idx={gather_idx}) batch_dim_idx={batch_dim_idx}"
+                )
                 shape = shape_for(batch_dim_idx, bshd_shape(scatter_idx, gather_idx, P))
                 mine, theirs = modules(scatter_idx, gather_idx, pg)
                 f_ours, f_up = call(mine, batch_dim_idx), call(theirs, batch_dim_idx)
@@ -128,24 +137,36 @@ def check_rotary(pg, P):
         s_after = bshd[1] * P if side(scatter_idx) == 0 else bshd[1] // P
         for batch_dim_idx in (0, 1):
             n += 1
-            table = (torch.rand(s_after, 1, 1, 4, generator=g) if batch_dim_idx == 0
-                     else torch.rand(2, s_after, 1, 4, generator=g)) * 6.28
+            table = (
+                torch.rand(s_after, 1, 1, 4, generator=g)
+                if batch_dim_idx == 0
+                else torch.rand(2, s_after, 1, 4, generator=g)
+            ) * 6.28
             rotary = (table.cos(), table.sin())
             mine, theirs = modules(scatter_idx, gather_idx, pg)
-            adapters.compare(f"DistributedAttention(scatter_idx={scatter_idx}, gather_idx="
-                             f"{gather_idx}) batch_dim_idx={batch_dim_idx} with rotary_pos_emb",
-                             call(mine, batch_dim_idx, rotary), call(theirs, batch_dim_idx, rotary),
-                             shape_for(batch_dim_idx, bshd), torch.device("cpu"), 200 + n)
+            adapters.compare(
+                f"DistributedAttention(scatter_idx={scatter_idx}, gather_idx="
+                f"{gather_idx}) batch_dim_idx={batch_dim_idx} with rotary_pos_emb",
+                call(mine, batch_dim_idx, rotary),
+                call(theirs, batch_dim_idx, rotary),
+                shape_for(batch_dim_idx, bshd),
+                torch.device("cpu"),
+                200 + n,
+            )
 
 
 def check_errors(pg, P):
     # Shapes DeepSpeed's even path refuses (an assert, a reshape error): q's heads not divisible
     # by P where heads are scattered, the sequence not divisible where it is scattered.
-    for pair, q, kv in (((2, 0), (2, 3, P + 1, 8), (2, 3, P, 8)),
-                        ((1, 2), (2, 3 * P + 1, P, 8), (2, 3 * P + 1, P, 8))):
+    for pair, q, kv in (
+        ((2, 0), (2, 3, P + 1, 8), (2, 3, P, 8)),
+        ((1, 2), (2, 3 * P + 1, P, 8), (2, 3 * P + 1, P, 8)),
+    ):
         mine, theirs = modules(*pair, pg)
-        for module, error_type in ((theirs, (AssertionError, RuntimeError)),
-                                   (mine, FastUlyssesError)):
+        for module, error_type in (
+            (theirs, (AssertionError, RuntimeError)),
+            (mine, FastUlyssesError),
+        ):
             qt, kvt = torch.randn(q), torch.randn(kv)
             try:
                 module(qt, kvt, kvt, 0, None, "bshd")
@@ -165,15 +186,20 @@ def check_errors(pg, P):
     try:
         mine(y, y, y, 0, None, "bshd")
     except FastUlyssesError as error:
-        assert f"key.shape[2]=1: DeepSpeed needs at least the sequence parallel size P={P}" \
-            in str(error), str(error)
+        assert f"key.shape[2]=1: DeepSpeed needs at least the sequence parallel size P={P}" in str(
+            error
+        ), str(error)
     else:
         raise AssertionError("fewer key heads than P did not raise")
 
 
-FUNCTIONS = {"deepspeed_pairs": check_pairs, "deepspeed_rotary": check_rotary,
-             "deepspeed_errors": check_errors, "deepspeed_uneven": uneven.check_uneven,
-             "deepspeed_uneven_errors": uneven.check_uneven_errors}
+FUNCTIONS = {
+    "deepspeed_pairs": check_pairs,
+    "deepspeed_rotary": check_rotary,
+    "deepspeed_errors": check_errors,
+    "deepspeed_uneven": uneven.check_uneven,
+    "deepspeed_uneven_errors": uneven.check_uneven_errors,
+}
 
 
 def main() -> int:
@@ -192,8 +218,12 @@ def main() -> int:
 
 
 def check_names(world: int) -> list[str]:
-    return [f"{name}_P{P}" for P in subgroup_sizes(world, False) for name in CHECKS
-            if not (name in MULTI_RANK and P == 1)]
+    return [
+        f"{name}_P{P}"
+        for P in subgroup_sizes(world, False)
+        for name in CHECKS
+        if not (name in MULTI_RANK and P == 1)
+    ]
 
 
 if __name__ == "__main__":

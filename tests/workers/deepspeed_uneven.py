@@ -22,8 +22,9 @@ def gqa_attention(q, k, v, layout):
     k's and v's heads (enable_gqa: q head i uses key head i // (hq / hk))."""
     order = (0, 2, 1, 3) if layout == "bshd" else (1, 2, 0, 3)
     with sdpa_kernel(SDPBackend.MATH):
-        o = F.scaled_dot_product_attention(*(t.permute(order).contiguous() for t in (q, k, v)),
-                                           enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            *(t.permute(order).contiguous() for t in (q, k, v)), enable_gqa=True
+        )
     return o.permute([order.index(i) for i in range(4)])
 
 
@@ -44,8 +45,10 @@ def deepspeed_rank(pg):
 def modules(pg, pair, num_kv_heads):
     from deepspeed.sequence.layer import DistributedAttention as Upstream
 
-    return (ours.DistributedAttention(gqa_attention, pg, *pair, num_kv_heads=num_kv_heads),
-            Upstream(gqa_attention, pg, *pair, num_kv_heads=num_kv_heads))
+    return (
+        ours.DistributedAttention(gqa_attention, pg, *pair, num_kv_heads=num_kv_heads),
+        Upstream(gqa_attention, pg, *pair, num_kv_heads=num_kv_heads),
+    )
 
 
 def shares(kv, P):
@@ -81,7 +84,8 @@ def compare(label, pg, pair, num_kv_heads, shapes, batch_dim_idx, seed, rotary=N
     for name, a, b in zip(("output", "q.grad", "k.grad", "v.grad"), got, want):
         assert adapters.same_bits(a, b), (
             f"{label}: {name} differs from DeepSpeed's (rank {dist.get_rank(pg)} of P="
-            f"{dist.get_world_size(pg)}; shapes {a.shape} and {b.shape})")
+            f"{dist.get_world_size(pg)}; shapes {a.shape} and {b.shape})"
+        )
 
 
 def qkv_shapes(pair, seq_dim, batch_dim_idx, P, rank, hq, hk, kv):
@@ -101,9 +105,11 @@ def check_uneven(pg, P):
     n = 0
     for kv in (P + 1, 2 * P + 1):
         # (label, num_kv_heads argument, q heads, k and v heads)
-        cases = [("equal heads", None, kv, kv),
-                 ("GQA, q with twice the key heads", None, 2 * kv, kv),
-                 (f"num_kv_heads={kv}, q, k and v with {2 * kv} heads", kv, 2 * kv, 2 * kv)]
+        cases = [
+            ("equal heads", None, kv, kv),
+            ("GQA, q with twice the key heads", None, 2 * kv, kv),
+            (f"num_kv_heads={kv}, q, k and v with {2 * kv} heads", kv, 2 * kv, 2 * kv),
+        ]
         for label, num_kv_heads, hq, hk in cases:
             for batch_dim_idx in (0, 1):
                 seq_dim = 1 if batch_dim_idx == 0 else 0
@@ -113,14 +119,28 @@ def check_uneven(pg, P):
                     # Sequence scattered first: the key holds this rank's heads, so DeepSpeed
                     # needs the count given (key.shape[2] would be the rank's share).
                     given = kv if pair[0] != 2 and num_kv_heads is None else num_kv_heads
-                    compare(f"{label}, {kv} key-value heads, DistributedAttention{pair} "
-                            f"batch_dim_idx={batch_dim_idx} num_kv_heads={given}", pg, pair,
-                            given, shapes, batch_dim_idx, 500 + n)
+                    compare(
+                        f"{label}, {kv} key-value heads, DistributedAttention{pair} "
+                        f"batch_dim_idx={batch_dim_idx} num_kv_heads={given}",
+                        pg,
+                        pair,
+                        given,
+                        shapes,
+                        batch_dim_idx,
+                        500 + n,
+                    )
     # rotary_pos_emb on the uneven path: (S, 1, 1, r) tables, the whole sequence after (2, 1).
     angles = torch.rand(3 * P, 1, 1, 4, generator=torch.Generator().manual_seed(7)) * 6.28
-    compare("rotary_pos_emb, equal heads, DistributedAttention(2, 1)", pg, (2, 1), None,
-            qkv_shapes((2, 1), 1, 0, P, rank, P + 1, P + 1, P + 1), 0, 600,
-            (angles.cos(), angles.sin()))
+    compare(
+        "rotary_pos_emb, equal heads, DistributedAttention(2, 1)",
+        pg,
+        (2, 1),
+        None,
+        qkv_shapes((2, 1), 1, 0, P, rank, P + 1, P + 1, P + 1),
+        0,
+        600,
+        (angles.cos(), angles.sin()),
+    )
 
 
 def expect_refusal(label, call, words):
@@ -145,21 +165,28 @@ def check_uneven_errors(pg, P):
             pass
         else:
             raise AssertionError("DeepSpeed's uneven path accepted (2, 0) with batch_dim_idx=0")
-    expect_refusal("(2, 0) with batch_dim_idx=0", lambda: mine(x, x, x, 0, None, "bshd"),
-                   "runs with (2, 1) or (1, 2) only")
+    expect_refusal(
+        "(2, 0) with batch_dim_idx=0",
+        lambda: mine(x, x, x, 0, None, "bshd"),
+        "runs with (2, 1) or (1, 2) only",
+    )
     # q heads not a multiple of the key-value heads (DeepSpeed's shares would not line up).
     mine, _ = modules(pg, (2, 1), None)
     q = torch.randn(2, 3, kv + 1, 8)
-    expect_refusal("q heads kv + 1", lambda: mine(q, x, x, 0, None, "bshd"),
-                   f"query has {kv + 1} heads")
+    expect_refusal(
+        "q heads kv + 1", lambda: mine(q, x, x, 0, None, "bshd"), f"query has {kv + 1} heads"
+    )
     if P != 2:
         return
     # DeepSpeed's float sizing: 13 key-value heads on 2 ranks (shares 7 and 6), one row a rank.
     # Head dim 9, equal heads: its forward's output gather comes out one short -> refused there.
     x = torch.randn(2, 1, 13, 9)
     mine, _ = modules(pg, (2, 1), None)
-    expect_refusal("13 heads of 9 on 2 ranks", lambda: mine(x, x, x, 0, None, "bshd"),
-                   "sizes its receive buffer and head count as int(13 / 6 * n)")
+    expect_refusal(
+        "13 heads of 9 on 2 ranks",
+        lambda: mine(x, x, x, 0, None, "bshd"),
+        "sizes its receive buffer and head count as int(13 / 6 * n)",
+    )
     # q with 39 heads (3 per key head), head dim 9: the output gathers 39 heads (fine), but the
     # backward gathers k's and v's 13 (one short): forward equal to DeepSpeed's, backward refused.
     qkv = inputs([(2, 1, 39, 9), (2, 1, 13, 9), (2, 1, 13, 9)], 700)
@@ -168,5 +195,8 @@ def check_uneven_errors(pg, P):
         want = run(theirs, qkv, None, 0, "bshd", None, backward=False)[0]
     out = mine(*(t.clone().requires_grad_() for t in qkv), 0, None, "bshd")
     assert adapters.same_bits(out.detach(), want), "39 q heads of 9: forward differs"
-    expect_refusal("39 q heads, 13 key heads of 9: backward", lambda: out.sum().backward(),
-                   "no backward: DeepSpeed's uneven-heads gather fails here")
+    expect_refusal(
+        "39 q heads, 13 key heads of 9: backward",
+        lambda: out.sum().backward(),
+        "no backward: DeepSpeed's uneven-heads gather fails here",
+    )

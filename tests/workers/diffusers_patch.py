@@ -96,11 +96,15 @@ def check_names(world: int, shared_gpu: bool = False) -> list[str]:
 
 # -- counters ----------------------------------------------------------------------------------
 
+
 class Counters:
     """Calls of diffusers' own all-to-alls, of torch's, and of our group's, since reset()."""
 
-    DIFFUSERS = ("_all_to_all_single", "all_to_all_single_any_qkv_async",
-                 "all_to_all_single_any_o_async")
+    DIFFUSERS = (
+        "_all_to_all_single",
+        "all_to_all_single_any_qkv_async",
+        "all_to_all_single_any_o_async",
+    )
 
     def __init__(self, dispatch, group):
         self.counts = {}
@@ -126,14 +130,23 @@ class Counters:
 
 # -- the model ---------------------------------------------------------------------------------
 
+
 def tiny_wan(heads: int, device):
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=HEAD_DIM,
-        in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
-        num_layers=LAYERS, rope_max_seq_len=64).to(device)
+        patch_size=(1, 2, 2),
+        num_attention_heads=heads,
+        attention_head_dim=HEAD_DIM,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=LAYERS,
+        rope_max_seq_len=64,
+    ).to(device)
 
 
 def wan_inputs(frames, height, width, device):
@@ -151,15 +164,17 @@ def run_wan(model, inputs):
     model.zero_grad(set_to_none=True)
     out = model(x, t, text, return_dict=False)[0]
     (out * w).sum().backward()
-    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                          if p.grad is not None}
+    return out.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 def parallel_wan(model, P, mesh, anything):
     from diffusers import ContextParallelConfig
 
-    model.enable_parallelism(config=ContextParallelConfig(
-        ulysses_degree=P, ulysses_anything=anything, mesh=mesh))
+    model.enable_parallelism(
+        config=ContextParallelConfig(ulysses_degree=P, ulysses_anything=anything, mesh=mesh)
+    )
     return model
 
 
@@ -172,16 +187,18 @@ def assert_equal(name, got, want):
 
 def assert_summed_grads(grads, want, what):
     """Every parameter's gradient, summed over ranks, within float32 rounding of `want`."""
-    assert sorted(grads) == sorted(want), \
+    assert sorted(grads) == sorted(want), (
         f"{what}: gradients of {sorted(set(grads) ^ set(want))} on one side only"
+    )
     worst = 0.0
     for name in sorted(want):
         total = grads[name].clone()
         dist.all_reduce(total)
         scale = want[name].abs().max().item()
         diff = (total - want[name]).abs().max().item()
-        assert diff <= 1e-5 * scale + 1e-6, \
+        assert diff <= 1e-5 * scale + 1e-6, (
             f"{what}: parameter {name}: max |diff| {diff:.3e} against max |grad| {scale:.3e}"
+        )
         worst = max(worst, diff / (scale or 1.0))
     return worst
 
@@ -196,31 +213,37 @@ def check_wan(P, device, mesh, counters, heads, shape, anything, versus_diffuser
     if versus_diffusers:
         ours.unpatch_diffusers()
         counters.reset()
-        own_out, own_grads = run_wan(parallel_wan(copy.deepcopy(model), P, mesh, anything),
-                                     inputs)
+        own_out, own_grads = run_wan(parallel_wan(copy.deepcopy(model), P, mesh, anything), inputs)
         seen = counters.reset()
-        assert seen["diffusers"] == 8 * LAYERS and seen["ours"] == 0, \
+        assert seen["diffusers"] == 8 * LAYERS and seen["ours"] == 0, (
             f"unpatched, all-to-alls counted {seen}: want diffusers' {8 * LAYERS}, ours 0"
+        )
     ours.patch_diffusers()
     counters.reset()
     out, grads = run_wan(parallel_wan(model, P, mesh, anything), inputs)
     seen = counters.reset()
     group = fast_group_of(mesh)
     torch_calls = 0 if not getattr(group, "fallback", True) else seen["ours"]
-    assert seen == {"diffusers": 0, "ours": 8 * LAYERS, "torch": torch_calls}, \
-        f"patched, all-to-alls counted {seen}: want diffusers' 0, ours {8 * LAYERS}, torch's " \
+    assert seen == {"diffusers": 0, "ours": 8 * LAYERS, "torch": torch_calls}, (
+        f"patched, all-to-alls counted {seen}: want diffusers' 0, ours {8 * LAYERS}, torch's "
         f"{torch_calls}"
+    )
     out_diff = (out - want_out).abs().max().item()
     bound = 1e-5 * want_out.abs().max().item() + 1e-6
     assert out_diff <= bound, f"output against one process: max |diff| {out_diff:.3e} > {bound:.3e}"
     if versus_diffusers:
         assert_equal("output against diffusers' own", out, own_out)
         for name in sorted(own_grads):
-            assert_equal(f"this rank's gradient of {name} against diffusers' own", grads[name],
-                         own_grads[name])
+            assert_equal(
+                f"this rank's gradient of {name} against diffusers' own",
+                grads[name],
+                own_grads[name],
+            )
     worst = assert_summed_grads(grads, want_grads, "against one process")
-    detail.append(f"{heads} heads, latents {shape}, counts {seen}, output max |diff| "
-                  f"{out_diff:.1e}, worst grad rel {worst:.1e}")
+    detail.append(
+        f"{heads} heads, latents {shape}, counts {seen}, output max |diff| "
+        f"{out_diff:.1e}, worst grad rel {worst:.1e}"
+    )
     return "; ".join(detail)
 
 
@@ -231,6 +254,7 @@ def fast_group_of(mesh):
 
 
 # -- the attention alone: masks, LSE, uneven lengths -------------------------------------------
+
 
 def math_attention(q, k, v, mask):
     """Attention and its LSE on (B, S, H, D) in diffusers' model layout; mask bool or None.
@@ -248,8 +272,20 @@ def math_attention(q, k, v, mask):
     return torch.stack(outs, 2), torch.stack(lses, 2)
 
 
-def math_forward_op(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                    return_lse, _save_ctx=True, _parallel_config=None):
+def math_forward_op(
+    ctx,
+    q,
+    k,
+    v,
+    attn_mask,
+    dropout_p,
+    is_causal,
+    scale,
+    enable_gqa,
+    return_lse,
+    _save_ctx=True,
+    _parallel_config=None,
+):
     if _save_ctx:
         ctx.save_for_backward(q, k, v)
         ctx.math_mask = attn_mask
@@ -257,13 +293,15 @@ def math_forward_op(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable
     return (out, lse) if return_lse else out
 
 
-def math_backward_op(ctx, grad_out, *args, query=None, key=None, value=None, out=None,
-                     lse=None):
+def math_backward_op(ctx, grad_out, *args, query=None, key=None, value=None, out=None, lse=None):
     """q, k, v gradients of `math_attention`. Ring attention passes each step's k and v and the
     merged output and LSE; the gradients then follow from those (the flash backward)."""
     q, k, v = ctx.saved_tensors
-    q, k, v = (q if query is None else query, k if key is None else key,
-               v if value is None else value)
+    q, k, v = (
+        q if query is None else query,
+        k if key is None else key,
+        v if value is None else value,
+    )
     if out is None:
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
         with torch.enable_grad():
@@ -275,15 +313,20 @@ def math_backward_op(ctx, grad_out, *args, query=None, key=None, value=None, out
         qh, kh, vh, oh, gh = (t[:, :, h].contiguous() for t in (q, k, v, out, grad_out))
         p = ((qh @ kh.transpose(-1, -2)) * scale - lse[:, :, h, None]).exp()
         ds = p * (gh @ vh.transpose(-1, -2) - (gh * oh).sum(-1, keepdim=True))
-        for i, g in enumerate((ds @ kh * scale, ds.transpose(-1, -2) @ qh * scale,
-                               p.transpose(-1, -2) @ gh)):
+        for i, g in enumerate(
+            (ds @ kh * scale, ds.transpose(-1, -2) @ qh * scale, p.transpose(-1, -2) @ gh)
+        ):
             grads[i].append(g)
     return tuple(torch.stack(g, 2) for g in grads)
 
 
 def stub_config(pg, P, anything):
-    cp = types.SimpleNamespace(ring_degree=1, ulysses_degree=P, ulysses_anything=anything,
-                               _ulysses_mesh=types.SimpleNamespace(get_group=lambda: pg))
+    cp = types.SimpleNamespace(
+        ring_degree=1,
+        ulysses_degree=P,
+        ulysses_anything=anything,
+        _ulysses_mesh=types.SimpleNamespace(get_group=lambda: pg),
+    )
     return types.SimpleNamespace(context_parallel_config=cp)
 
 
@@ -311,18 +354,33 @@ def check_attention(pg, P, device):
     full = [t.clone().requires_grad_(True) for t in (q, k, v)]
     want_out, want_lse = math_attention(*full, keep)
     (want_out * w).sum().backward()
-    local = [t[:, rows].detach().clone().requires_grad_(True)
-             for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))]
+    local = [
+        t[:, rows].detach().clone().requires_grad_(True)
+        for t, rows in ((q, rows_q), (k, rows_k), (v, rows_k))
+    ]
     config = stub_config(pg, P, True)
-    args = (keep[..., rows_k], 0.0, False, None, False, True, math_forward_op,
-            math_backward_op, config)
+    args = (
+        keep[..., rows_k],
+        0.0,
+        False,
+        None,
+        False,
+        True,
+        math_forward_op,
+        math_backward_op,
+        config,
+    )
     # P = 1: diffusers' dispatcher runs no context parallelism, so call the class itself.
     entry = dispatch.TemplatedUlyssesAnythingAttention
     assert entry is ours.TemplatedUlyssesAnythingAttention, "patch_diffusers did not rebind it"
     if P > 1:
         out, lse = dispatch._templated_context_parallel_attention(
-            *local, *args[:6], forward_op=math_forward_op, backward_op=math_backward_op,
-            _parallel_config=config)
+            *local,
+            *args[:6],
+            forward_op=math_forward_op,
+            backward_op=math_backward_op,
+            _parallel_config=config,
+        )
     else:
         out, lse = entry.apply(*local, *args)
     (out * w[:, rows_q]).sum().backward()
@@ -351,8 +409,9 @@ def check_unified(device, counters):
     from fast_ulysses.integrations import diffusers as ours
 
     mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("ring", "ulysses"))
-    config = ParallelConfig(context_parallel_config=ContextParallelConfig(
-        ring_degree=2, ulysses_degree=2, mesh=mesh))
+    config = ParallelConfig(
+        context_parallel_config=ContextParallelConfig(ring_degree=2, ulysses_degree=2, mesh=mesh)
+    )
     config.setup(dist.get_rank(), 4, device, mesh=mesh)
     from fast_ulysses.attention import group_for
 
@@ -364,8 +423,17 @@ def check_unified(device, counters):
     def run():
         local = [t[:, rows].clone().requires_grad_(True) for t in (q, k, v)]
         out, lse = dispatch._templated_context_parallel_attention(
-            *local, None, 0.0, False, None, False, True, forward_op=math_forward_op,
-            backward_op=math_backward_op, _parallel_config=config)
+            *local,
+            None,
+            0.0,
+            False,
+            None,
+            False,
+            True,
+            forward_op=math_forward_op,
+            backward_op=math_backward_op,
+            _parallel_config=config,
+        )
         (out * w[:, rows]).sum().backward()
         return [out.detach(), lse.detach()] + [t.grad for t in local]
 
@@ -378,9 +446,10 @@ def check_unified(device, counters):
     got = run()
     seen = counters.reset()
     assert seen_own["diffusers"] > 0 and seen_own["ours"] == 0, f"unpatched: {seen_own}"
-    assert seen["diffusers"] == 0 and seen["ours"] == 9, \
-        f"patched, all-to-alls counted {seen}: want diffusers' 0, ours 9 (q, k, v, output, " \
+    assert seen["diffusers"] == 0 and seen["ours"] == 9, (
+        f"patched, all-to-alls counted {seen}: want diffusers' 0, ours 9 (q, k, v, output, "
         "LSE; 4 in backward)"
+    )
     names = ("output", "lse", "q.grad", "k.grad", "v.grad")
     for name, a, b in zip(names, got, own):
         assert_equal(f"{name} against diffusers' own", a, b)
@@ -389,17 +458,22 @@ def check_unified(device, counters):
     (want_out * w).sum().backward()
     want = [want_out[:, rows], want_lse[:, rows]] + [f.grad[:, rows] for f in full]
     for name, a, b in zip(names, got, want):
-        torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} "
-                                   f"against one process: {m}")
+        torch.testing.assert_close(
+            a, b.detach(), rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} against one process: {m}"
+        )
     return f"counts unpatched {seen_own}, patched {seen}"
 
 
 # -- main --------------------------------------------------------------------------------------
 
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="every rank on cuda:0 (make_group picks the fast group)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0 (make_group picks the fast group)",
+    )
     args = parser.parse_args()
     cpu_shims()
     # diffusers' size gather (ulysses_anything's sharder) uses the CPU only where the backend
@@ -431,8 +505,9 @@ def run_checks(report, P, device):
 
     gloo_gather_shim()
     # One Ulysses process group for every check (P = 1: the world; diffusers needs P >= 2).
-    mesh = init_device_mesh(device.type, (1, P), mesh_dim_names=("ring", "ulysses")) \
-        if P > 1 else None
+    mesh = (
+        init_device_mesh(device.type, (1, P), mesh_dim_names=("ring", "ulysses")) if P > 1 else None
+    )
     pg = mesh["ulysses"].get_group() if mesh is not None else dist.group.WORLD
     with report.check(f"attention_P{P}") as entry:
         entry["detail"] = check_attention(pg, P, device)
@@ -441,21 +516,23 @@ def run_checks(report, P, device):
         return
     counters = Counters(dispatch, group_for(pg))
     even_heads = 4 if 4 % P == 0 else P
-    cases = (("wan_even", even_heads, (3, 4, 4), False, True),
-             ("wan_uneven_heads", UNEVEN_HEADS[P], (3, 4, 4), False, False),
-             ("wan_uneven_seq", UNEVEN_HEADS[P], (1, 14, 2), True, False))
+    cases = (
+        ("wan_even", even_heads, (3, 4, 4), False, True),
+        ("wan_uneven_heads", UNEVEN_HEADS[P], (3, 4, 4), False, False),
+        ("wan_uneven_seq", UNEVEN_HEADS[P], (1, 14, 2), True, False),
+    )
     for name, heads, shape, anything, versus in cases:
         with report.check(f"{name}_P{P}") as entry:
-            entry["detail"] = check_wan(P, device, mesh, counters, heads, shape, anything,
-                                        versus)
+            entry["detail"] = check_wan(P, device, mesh, counters, heads, shape, anything, versus)
     with report.check(f"unpatch_P{P}"):
         restored = ours.unpatch_diffusers()
         assert restored, "unpatch_diffusers restored nothing after patch_diffusers"
         assert dispatch.TemplatedUlyssesAttention is not ours.TemplatedUlyssesAttention
         assert dispatch.SeqAllToAllDim.__module__ == dispatch.__name__
         counters.reset()
-        run_wan(parallel_wan(tiny_wan(even_heads, device), P, mesh, False),
-                wan_inputs(3, 4, 4, device))
+        run_wan(
+            parallel_wan(tiny_wan(even_heads, device), P, mesh, False), wan_inputs(3, 4, 4, device)
+        )
         seen = counters.reset()
         assert seen["diffusers"] == 8 * LAYERS and seen["ours"] == 0, f"unpatched: {seen}"
     if P == 4:

@@ -39,15 +39,18 @@ def main() -> int:
     heads, s, d = 2 * P, 8, 64
     g = torch.Generator().manual_seed(rank)
     keep_in = torch.randn(1, s, heads, d, generator=g).to(torch.bfloat16)
-    everyone = [torch.randn(1, s, heads, d, generator=torch.Generator().manual_seed(r))
-                .to(torch.bfloat16) for r in range(P)]
+    everyone = [
+        torch.randn(1, s, heads, d, generator=torch.Generator().manual_seed(r)).to(torch.bfloat16)
+        for r in range(P)
+    ]
     keep_want = fu.simulate(everyone, 0)[rank]
     keep = group.all_to_all_single_4d_borrowed(keep_in.cuda(), 0, "keep")
     assert torch.equal(keep.cpu(), keep_want), f"rank {rank}: the matching call is wrong"
     # A matching call on "bad" with a larger batch: the tag's window is big enough for the
     # mismatched call too (no rank grows the pool, which is a host collective).
-    group.all_to_all_single_4d_borrowed(torch.randn(4, s, heads, d, device="cuda").to(
-        torch.bfloat16), 0, "bad")
+    group.all_to_all_single_4d_borrowed(
+        torch.randn(4, s, heads, d, device="cuda").to(torch.bfloat16), 0, "bad"
+    )
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     dist.barrier()
@@ -68,8 +71,10 @@ def main() -> int:
     for peer in range(P):
         if peer != rank:
             stray = (seen == 256 * (peer + 1)).sum().item()
-            assert stray == 0, f"rank {rank}: {stray} elements of rank {peer}'s mismatched " \
+            assert stray == 0, (
+                f"rank {rank}: {stray} elements of rank {peer}'s mismatched "
                 "input landed in this rank's window"
+            )
     print(f"rank {rank}: windows intact", flush=True)
     time.sleep(10)  # past the watchdog's report
     os._exit(3)
@@ -77,9 +82,12 @@ def main() -> int:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="accepted for a launch like every GPU worker's: this worker always "
-                             "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="accepted for a launch like every GPU worker's: this worker always "
+        "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
     return parser.parse_args(argv)
 
 

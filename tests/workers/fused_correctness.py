@@ -116,7 +116,7 @@ def worst_miss(got: torch.Tensor, want: torch.Tensor) -> str | None:
         return f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"
     if want.numel() == 0:
         return None
-    noise = want.float().abs().max() * 2.0 ** -20
+    noise = want.float().abs().max() * 2.0**-20
     allowed = torch.clamp(ulp_at(want), min=noise)
     diff = (got.float() - want.float()).abs()
     excess = diff - allowed
@@ -124,14 +124,20 @@ def worst_miss(got: torch.Tensor, want: torch.Tensor) -> str | None:
         return None
     i = int(excess.argmax())
     idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), want.shape))
-    return (f"{int((excess > 0).sum())} of {want.numel()} elements beyond one ulp; worst at "
-            f"{idx}: got {got.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}, "
-            f"|diff| {diff.flatten()[i].item():.3g} > allowed {allowed.flatten()[i].item():.3g}")
+    return (
+        f"{int((excess > 0).sum())} of {want.numel()} elements beyond one ulp; worst at "
+        f"{idx}: got {got.flatten()[i].item()!r}, want {want.flatten()[i].item()!r}, "
+        f"|diff| {diff.flatten()[i].item():.3g} > allowed {allowed.flatten()[i].item():.3g}"
+    )
 
 
 def expected(xs, weight, angles, norm, style, layout, seq, heads, rank):
-    ys = [norm_rope_reference(x, weight, EPS, a.cos(), a.sin(), norm=norm, rope_style=style,
-                              layout=layout) for x, a in zip(xs, angles)]
+    ys = [
+        norm_rope_reference(
+            x, weight, EPS, a.cos(), a.sin(), norm=norm, rope_style=style, layout=layout
+        )
+        for x, a in zip(xs, angles)
+    ]
     return fu.simulate(ys, 0, seq_splits=seq, head_splits=heads, layout=layout)[rank]
 
 
@@ -142,55 +148,88 @@ class Checker:
 
     def call(self, x, weight, angle, tag, norm, style, layout, seq, heads, borrowed):
         return qk_norm_rope_all_to_all(
-            self.group, x.to(self.device), tag, norm_weight=weight.to(self.device), eps=EPS,
-            cos=angle.cos().to(self.device), sin=angle.sin().to(self.device), norm=norm,
-            rope_style=style, seq_splits=seq, head_splits=heads, layout=layout,
-            borrowed=borrowed)
+            self.group,
+            x.to(self.device),
+            tag,
+            norm_weight=weight.to(self.device),
+            eps=EPS,
+            cos=angle.cos().to(self.device),
+            sin=angle.sin().to(self.device),
+            norm=norm,
+            rope_style=style,
+            seq_splits=seq,
+            head_splits=heads,
+            layout=layout,
+            borrowed=borrowed,
+        )
 
     def matrix(self) -> str:
         n = 0
         for norm, style, dtype, layout, borrowed in itertools.product(
-                NORMS, ROPE_STYLES, (torch.bfloat16, torch.float16),
-                ("bshd", "sbhd"), (False, True)):
-            xs, w, angles, seq, heads = make_args(self.P, self.rank, dtype, layout, norm,
-                                                  seed=1000 + n, device=self.device)
-            got = self.call(xs[self.rank], w, angles[self.rank], "m", norm, style, layout, seq,
-                            heads, borrowed).cpu()
+            NORMS, ROPE_STYLES, (torch.bfloat16, torch.float16), ("bshd", "sbhd"), (False, True)
+        ):
+            xs, w, angles, seq, heads = make_args(
+                self.P, self.rank, dtype, layout, norm, seed=1000 + n, device=self.device
+            )
+            got = self.call(
+                xs[self.rank], w, angles[self.rank], "m", norm, style, layout, seq, heads, borrowed
+            ).cpu()
             want = expected(xs, w, angles, norm, style, layout, seq, heads, self.rank)
             miss = worst_miss(got, want)
-            assert miss is None, (f"rank {self.rank}: {norm} {style} {dtype} {layout} "
-                                  f"borrowed={borrowed}: {miss}")
+            assert miss is None, (
+                f"rank {self.rank}: {norm} {style} {dtype} {layout} borrowed={borrowed}: {miss}"
+            )
             n += 1
         return f"matrix: {n} cases within one ulp of norm_rope_reference + simulate"
 
     def qk_pair(self) -> str:
-        xq, wq, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
-                                               "all_heads", seed=7, device=self.device)
-        xk, wk, _, _, _ = make_args(self.P, self.rank, torch.bfloat16, "bshd", "all_heads",
-                                    seed=8, device=self.device)
+        xq, wq, angles, seq, heads = make_args(
+            self.P, self.rank, torch.bfloat16, "bshd", "all_heads", seed=7, device=self.device
+        )
+        xk, wk, _, _, _ = make_args(
+            self.P, self.rank, torch.bfloat16, "bshd", "all_heads", seed=8, device=self.device
+        )
         a = angles[self.rank]
         q, k = qk_norm_rope_all_to_all_qk(
-            self.group, xq[self.rank].to(self.device), xk[self.rank].to(self.device),
-            ("pq", "pk"), norm_weights=(wq.to(self.device), wk.to(self.device)), eps=EPS,
-            cos=a.cos().to(self.device), sin=a.sin().to(self.device), seq_splits=seq,
-            head_splits=heads)
+            self.group,
+            xq[self.rank].to(self.device),
+            xk[self.rank].to(self.device),
+            ("pq", "pk"),
+            norm_weights=(wq.to(self.device), wk.to(self.device)),
+            eps=EPS,
+            cos=a.cos().to(self.device),
+            sin=a.sin().to(self.device),
+            seq_splits=seq,
+            head_splits=heads,
+        )
         for name, got, xs, w in (("q", q, xq, wq), ("k", k, xk, wk)):
-            want = expected(xs, w, angles, "all_heads", "interleaved", "bshd", seq, heads,
-                            self.rank)
+            want = expected(
+                xs, w, angles, "all_heads", "interleaved", "bshd", seq, heads, self.rank
+            )
             miss = worst_miss(got.cpu(), want)
             assert miss is None, f"rank {self.rank}: qk pair, {name}: {miss}"
         return "qk_pair: q and k with one closing handshake, both within one ulp"
 
     def captured(self) -> str:
         norm, style, layout = "per_head", "half", "bshd"
-        xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, layout, norm,
-                                              seed=11, device=self.device)
+        xs, w, angles, seq, heads = make_args(
+            self.P, self.rank, torch.bfloat16, layout, norm, seed=11, device=self.device
+        )
         static_x = xs[self.rank].to(self.device)
         wd = w.to(self.device)
         c = angles[self.rank].cos().to(self.device)
         s = angles[self.rank].sin().to(self.device)
-        kw = dict(norm_weight=wd, eps=EPS, cos=c, sin=s, norm=norm, rope_style=style,
-                  seq_splits=seq, head_splits=heads, layout=layout)
+        kw = dict(
+            norm_weight=wd,
+            eps=EPS,
+            cos=c,
+            sin=s,
+            norm=norm,
+            rope_style=style,
+            seq_splits=seq,
+            head_splits=heads,
+            layout=layout,
+        )
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: the window exists before capture
@@ -200,8 +239,15 @@ class Checker:
         with torch.cuda.graph(graph):
             static_out = qk_norm_rope_all_to_all(self.group, static_x, "g", **kw)
         for replay in range(5):
-            fresh, _, _, _, _ = make_args(self.P, self.rank, torch.bfloat16, layout, norm,
-                                          seed=100 + replay, device=self.device)
+            fresh, _, _, _, _ = make_args(
+                self.P,
+                self.rank,
+                torch.bfloat16,
+                layout,
+                norm,
+                seed=100 + replay,
+                device=self.device,
+            )
             static_x.copy_(fresh[self.rank].to(self.device))
             graph.replay()
             want = expected(fresh, w, angles, norm, style, layout, seq, heads, self.rank)
@@ -211,18 +257,29 @@ class Checker:
 
     def compiled(self) -> str:
         norm, style, layout = "all_heads", "interleaved", "bshd"
-        xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, layout, norm,
-                                              seed=21, device=self.device)
+        xs, w, angles, seq, heads = make_args(
+            self.P, self.rank, torch.bfloat16, layout, norm, seed=21, device=self.device
+        )
         a = angles[self.rank]
-        kw = dict(norm_weight=w.to(self.device), eps=EPS, cos=a.cos().to(self.device),
-                  sin=a.sin().to(self.device), norm=norm, rope_style=style, seq_splits=seq,
-                  head_splits=heads, layout=layout, borrowed=True)
+        kw = dict(
+            norm_weight=w.to(self.device),
+            eps=EPS,
+            cos=a.cos().to(self.device),
+            sin=a.sin().to(self.device),
+            norm=norm,
+            rope_style=style,
+            seq_splits=seq,
+            head_splits=heads,
+            layout=layout,
+            borrowed=True,
+        )
 
         def step(t):
             return qk_norm_rope_all_to_all(self.group, t, "c", **kw) * 1
 
         got = torch.compile(step, backend="aot_eager", fullgraph=True)(
-            xs[self.rank].to(self.device))
+            xs[self.rank].to(self.device)
+        )
         want = expected(xs, w, angles, norm, style, layout, seq, heads, self.rank)
         miss = worst_miss(got.cpu(), want)
         assert miss is None, f"rank {self.rank}: compiled call: {miss}"
@@ -231,14 +288,26 @@ class Checker:
     def eager_reuse(self) -> str:
         norm, style, layout = "all_heads", "interleaved", "sbhd"
         for i in range(100):
-            xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.float16, layout,
-                                                  norm, seed=5000 + i, device=self.device)
-            got = self.call(xs[self.rank], w, angles[self.rank], "r", norm, style, layout, seq,
-                            heads, borrowed=bool(i % 2))
+            xs, w, angles, seq, heads = make_args(
+                self.P, self.rank, torch.float16, layout, norm, seed=5000 + i, device=self.device
+            )
+            got = self.call(
+                xs[self.rank],
+                w,
+                angles[self.rank],
+                "r",
+                norm,
+                style,
+                layout,
+                seq,
+                heads,
+                borrowed=bool(i % 2),
+            )
             want = expected(xs, w, angles, norm, style, layout, seq, heads, self.rank)
             miss = worst_miss(got.cpu(), want)
-            assert miss is None, (f"rank {self.rank}: call {i} (borrowed={bool(i % 2)}) "
-                                  f"differs: {miss}")
+            assert miss is None, (
+                f"rank {self.rank}: call {i} (borrowed={bool(i % 2)}) differs: {miss}"
+            )
         return "eager_reuse: 100 calls on one tag back to back (owned and borrowed), each checked"
 
     def kernel_paths(self) -> str:
@@ -247,21 +316,40 @@ class Checker:
         # thread holds 1; up to 1024, 2; more, 4 (register kernel). The bulk-copy kernel takes
         # 1 or 2 units a thread where two stages of a token row (plus its angles and sums) fit
         # in 48 KiB.
-        cases = [("bf16 d=64", torch.bfloat16, 64, None, False, ("bulk", 1)),
-                 ("fp16 d=128, 160 threads", torch.float16, 128, 40, False, ("bulk", 2)),
-                 ("bf16 d=128, 320 threads", torch.bfloat16, 128, 80, False, ("bulk", 2)),
-                 ("bf16 d=128, 136 heads", torch.bfloat16, 128, 136, False, ("register", 4)),
-                 ("fp32 d=128, 48 heads (24 KiB rows: too large for the bulk stages)",
-                  torch.float32, 128, 48, False, ("register", 2)),
-                 ("bf16 d=4096, one head (16 KiB of angles a token: too large for the bulk "
-                  "stages)", torch.bfloat16, 4096, 1, False, ("register", 1)),
-                 ("fp32 d=8", torch.float32, 8, None, False, ("bulk", 1)),
-                 ("bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False, ("scalar", 0)),
-                 ("bf16 d=96 (6 units a head: sums through shared memory)", torch.bfloat16, 96,
-                  None, False, ("bulk", 1)),
-                 ("fp32 d=6", torch.float32, 6, None, False, ("scalar", 0)),
-                 ("bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True,
-                  ("scalar", 0))]
+        cases = [
+            ("bf16 d=64", torch.bfloat16, 64, None, False, ("bulk", 1)),
+            ("fp16 d=128, 160 threads", torch.float16, 128, 40, False, ("bulk", 2)),
+            ("bf16 d=128, 320 threads", torch.bfloat16, 128, 80, False, ("bulk", 2)),
+            ("bf16 d=128, 136 heads", torch.bfloat16, 128, 136, False, ("register", 4)),
+            (
+                "fp32 d=128, 48 heads (24 KiB rows: too large for the bulk stages)",
+                torch.float32,
+                128,
+                48,
+                False,
+                ("register", 2),
+            ),
+            (
+                "bf16 d=4096, one head (16 KiB of angles a token: too large for the bulk stages)",
+                torch.bfloat16,
+                4096,
+                1,
+                False,
+                ("register", 1),
+            ),
+            ("fp32 d=8", torch.float32, 8, None, False, ("bulk", 1)),
+            ("bf16 d=24 (not whole units)", torch.bfloat16, 24, None, False, ("scalar", 0)),
+            (
+                "bf16 d=96 (6 units a head: sums through shared memory)",
+                torch.bfloat16,
+                96,
+                None,
+                False,
+                ("bulk", 1),
+            ),
+            ("fp32 d=6", torch.float32, 6, None, False, ("scalar", 0)),
+            ("bf16 d=64, x not 16-byte aligned", torch.bfloat16, 64, None, True, ("scalar", 0)),
+        ]
         bulk_here = torch.cuda.get_device_capability(self.device)[0] >= 9
         n = 0
         for label, dtype, d, total_heads, unaligned, (kernel, units) in cases:
@@ -270,51 +358,78 @@ class Checker:
             label = f"{kernel} kernel, {units} units/thread, {label}"
             # Rank 0 alone profiles (profiling.py says why).
             profiled = self.rank == 0 and self.kernel_names
-            profiling = torch.profiler.profile(activities=activities()) if profiled \
+            profiling = (
+                torch.profiler.profile(activities=activities())
+                if profiled
                 else contextlib.nullcontext()
+            )
             with profiling as prof:
-                for norm, style, borrowed in itertools.product(NORMS, ROPE_STYLES,
-                                                               (False, True)):
+                for norm, style, borrowed in itertools.product(NORMS, ROPE_STYLES, (False, True)):
                     xs, w, angles, seq, heads = make_args(
-                        self.P, self.rank, dtype, "bshd", norm, seed=9000 + n,
-                        device=self.device, d=d, total_heads=total_heads)
+                        self.P,
+                        self.rank,
+                        dtype,
+                        "bshd",
+                        norm,
+                        seed=9000 + n,
+                        device=self.device,
+                        d=d,
+                        total_heads=total_heads,
+                    )
                     x = xs[self.rank].to(self.device)
                     if unaligned:  # contiguous, one element into its storage
                         flat = torch.empty(x.numel() + 1, dtype=dtype, device=self.device)
                         x = flat[1:].view(x.shape).copy_(x)
                         assert x.is_contiguous() and x.data_ptr() % 16 != 0
-                    got = self.call(x, w, angles[self.rank], "k", norm, style, "bshd", seq,
-                                    heads, borrowed).cpu()
+                    got = self.call(
+                        x, w, angles[self.rank], "k", norm, style, "bshd", seq, heads, borrowed
+                    ).cpu()
                     want = expected(xs, w, angles, norm, style, "bshd", seq, heads, self.rank)
                     miss = worst_miss(got, want)
-                    assert miss is None, (f"rank {self.rank}: {label}, {norm} {style} "
-                                          f"borrowed={borrowed}: {miss}")
+                    assert miss is None, (
+                        f"rank {self.rank}: {label}, {norm} {style} borrowed={borrowed}: {miss}"
+                    )
                     n += 1
                 torch.cuda.synchronize()
             if profiled:
                 fused = [nm for nm in kernel_names(prof) if "norm_rope" in nm]
-                wrong = [nm for nm in fused if not re.search(kernel_pattern(kernel, dtype,
-                                                                            units), nm)]
+                wrong = [
+                    nm for nm in fused if not re.search(kernel_pattern(kernel, dtype, units), nm)
+                ]
                 assert fused and not wrong, (
                     f"rank 0: {label}: expected only {kernel_pattern(kernel, dtype, units)!r}, "
-                    f"the profiler saw {sorted(set(fused)) or 'no fused kernel'}")
-        which = ("each launching the kernel expected (rank 0's profile)" if self.kernel_names
-                 else "which kernel ran not checked (--no-kernel-names)")
-        return (f"kernel_paths: {n} cases over the bulk, register and scalar kernels within one "
-                f"ulp, {which}")
+                    f"the profiler saw {sorted(set(fused)) or 'no fused kernel'}"
+                )
+        which = (
+            "each launching the kernel expected (rank 0's profile)"
+            if self.kernel_names
+            else "which kernel ran not checked (--no-kernel-names)"
+        )
+        return (
+            f"kernel_paths: {n} cases over the bulk, register and scalar kernels within one "
+            f"ulp, {which}"
+        )
 
     def refusals(self) -> str:
-        xs, w, angles, seq, heads = make_args(self.P, self.rank, torch.bfloat16, "bshd",
-                                              "all_heads", seed=3, device=self.device)
+        xs, w, angles, seq, heads = make_args(
+            self.P, self.rank, torch.bfloat16, "bshd", "all_heads", seed=3, device=self.device
+        )
         x = xs[self.rank].to(self.device)
-        good = dict(norm_weight=w.to(self.device), eps=EPS, cos=angles[self.rank].cos().to(
-            self.device), sin=angles[self.rank].sin().to(self.device), seq_splits=seq,
-            head_splits=heads)
-        bad = [("norm", dict(good, norm="rms"), "norm='rms'"),
-               ("rope_style", dict(good, rope_style="full"), "rope_style='full'"),
-               ("weight", dict(good, norm_weight=good["norm_weight"][:D]), "norm_weight has"),
-               ("cos", dict(good, cos=good["cos"].double()), "cos has shape"),
-               ("layout", dict(good, layout="bhsd"), "layout='bhsd'")]
+        good = dict(
+            norm_weight=w.to(self.device),
+            eps=EPS,
+            cos=angles[self.rank].cos().to(self.device),
+            sin=angles[self.rank].sin().to(self.device),
+            seq_splits=seq,
+            head_splits=heads,
+        )
+        bad = [
+            ("norm", dict(good, norm="rms"), "norm='rms'"),
+            ("rope_style", dict(good, rope_style="full"), "rope_style='full'"),
+            ("weight", dict(good, norm_weight=good["norm_weight"][:D]), "norm_weight has"),
+            ("cos", dict(good, cos=good["cos"].double()), "cos has shape"),
+            ("layout", dict(good, layout="bhsd"), "layout='bhsd'"),
+        ]
         for name, kw, needle in bad:
             try:
                 qk_norm_rope_all_to_all(self.group, x, "bad", **kw)
@@ -333,14 +448,23 @@ class Checker:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="every rank on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
-    parser.add_argument("--only", default=",".join(CHECKS),
-                        help="comma-separated checks to run, in their order (default: all of "
-                             f"them: {','.join(CHECKS)})")
-    parser.add_argument("--no-kernel-names", action="store_true",
-                        help="kernel_paths checks results only, not which kernel ran (its "
-                             "torch.profiler cannot run under compute-sanitizer)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(CHECKS),
+        help="comma-separated checks to run, in their order (default: all of "
+        f"them: {','.join(CHECKS)})",
+    )
+    parser.add_argument(
+        "--no-kernel-names",
+        action="store_true",
+        help="kernel_paths checks results only, not which kernel ran (its "
+        "torch.profiler cannot run under compute-sanitizer)",
+    )
     args = parser.parse_args()
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in CHECKS]
@@ -350,8 +474,7 @@ def main() -> int:
     rank, P = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0 if args.shared_gpu else int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
-    if rank == 0 and "kernel_paths" in chosen and "captured" in chosen \
-            and not args.no_kernel_names:
+    if rank == 0 and "kernel_paths" in chosen and "captured" in chosen and not args.no_kernel_names:
         init_profiler_for_graphs(device)  # before the capture of "captured"
     start = time.time()
     report = Report(rank)

@@ -53,25 +53,43 @@ def check(fn):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="all ranks on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
-    parser.add_argument("--replays", type=int, default=200,
-                        help="replays of the captured layer (default 200); the other checks "
-                             "replay min(20, --replays) times")
-    parser.add_argument("--only", action="append", default=[],
-                        help="comma-separated check names or name prefixes (repeatable; --list "
-                             "names them); default: every check")
-    parser.add_argument("--capture-error-mode", default="global",
-                        choices=("global", "thread_local", "relaxed"),
-                        help="torch.cuda.graph(capture_error_mode=...) (default: torch's, global)")
-    parser.add_argument("--allow-compile-skip", action="store_true",
-                        help="compile_reduce_overhead: accept torch skipping cudagraphs for the "
-                             "copy entry point (results are still checked)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="all ranks on cuda:0 over gloo (needs FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=200,
+        help="replays of the captured layer (default 200); the other checks "
+        "replay min(20, --replays) times",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="comma-separated check names or name prefixes (repeatable; --list "
+        "names them); default: every check",
+    )
+    parser.add_argument(
+        "--capture-error-mode",
+        default="global",
+        choices=("global", "thread_local", "relaxed"),
+        help="torch.cuda.graph(capture_error_mode=...) (default: torch's, global)",
+    )
+    parser.add_argument(
+        "--allow-compile-skip",
+        action="store_true",
+        help="compile_reduce_overhead: accept torch skipping cudagraphs for the "
+        "copy entry point (results are still checked)",
+    )
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     return parser.parse_args(argv)
 
 
 # -- calls --------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Call:
@@ -87,8 +105,11 @@ class Call:
     consume: str = "clone"
 
     def splits(self) -> dict:
-        return dict(seq_splits=list(self.case.seq_splits),
-                    head_splits=list(self.case.head_splits), layout=self.case.layout)
+        return dict(
+            seq_splits=list(self.case.seq_splits),
+            head_splits=list(self.case.head_splits),
+            layout=self.case.layout,
+        )
 
     def shape(self, rank: int) -> tuple:
         if self.mode == 0:
@@ -98,9 +119,15 @@ class Call:
         return (c.batch, S, h, c.head_dim) if c.layout == "bshd" else (S, c.batch, h, c.head_dim)
 
     def spec(self, rank: int):
-        return fu.CallSpec(shape=self.shape(rank), dtype=self.case.dtype, mode=self.mode,
-                           tag=self.tag, seq_splits=tuple(self.case.seq_splits),
-                           head_splits=tuple(self.case.head_splits), layout=self.case.layout)
+        return fu.CallSpec(
+            shape=self.shape(rank),
+            dtype=self.case.dtype,
+            mode=self.mode,
+            tag=self.tag,
+            seq_splits=tuple(self.case.seq_splits),
+            head_splits=tuple(self.case.head_splits),
+            layout=self.case.layout,
+        )
 
     def inputs(self, world_size: int, seed: int) -> list[torch.Tensor]:
         return a2a_checks.inputs_for(self.case, world_size, seed=seed, mode=self.mode)
@@ -121,8 +148,9 @@ def issue(group, call: Call, x: torch.Tensor) -> torch.Tensor:
     if call.entry == "copy":
         y = group.all_to_all_single_4d(x, call.mode, call.tag, **call.splits())
         return _wait(y) if call.consume == "wait" else y.clone()
-    return group.all_to_all_single_4d_borrowed(x, call.mode, call.tag,
-                                               barrier=call.entry == "borrowed", **call.splits())
+    return group.all_to_all_single_4d_borrowed(
+        x, call.mode, call.tag, barrier=call.entry == "borrowed", **call.splits()
+    )
 
 
 def issue_all(group, calls, xs) -> list[torch.Tensor]:
@@ -146,13 +174,19 @@ def pick(P: int, layout: str, dtype: torch.dtype, batch: int = 1) -> Case:
     seq = seq if sum(seq) else (3,) * P
     heads = balanced(2 * P + 1, P)
     for c in a2a_checks.cases(P):
-        if (c.layout, c.dtype, c.batch, c.seq_splits, c.head_splits) == (layout, dtype, batch,
-                                                                          seq, heads):
+        if (c.layout, c.dtype, c.batch, c.seq_splits, c.head_splits) == (
+            layout,
+            dtype,
+            batch,
+            seq,
+            heads,
+        ):
             return c
     return Case(batch, seq, heads, 64, dtype, layout)  # not in the matrix: the same case
 
 
 # -- the context every check gets ---------------------------------------------------------------
+
 
 class Ctx:
     def __init__(self, args, pg, rank: int, world_size: int, device: torch.device):
@@ -202,8 +236,9 @@ class Ctx:
             self.expect(f"{c.label()} (warm-up)", o, c.want(xs, self.rank))
         return statics
 
-    def replay_and_check(self, g, calls, statics, outs, n: int, seed: int, chunk: int = 10,
-                         label: str = "replay") -> None:
+    def replay_and_check(
+        self, g, calls, statics, outs, n: int, seed: int, chunk: int = 10, label: str = "replay"
+    ) -> None:
         """n replays with fresh inputs copied into the static inputs before each (stream
         ordered), `chunk` replays issued back to back (results cloned on the stream), then
         every result of the chunk checked against simulate."""
@@ -232,6 +267,7 @@ def finish(group) -> None:
 
 
 # -- each entry point captured alone ------------------------------------------------------------
+
 
 @check
 def check_capture_copy_mode0(ctx: Ctx) -> str:
@@ -292,6 +328,7 @@ def check_capture_deferred_qkv(ctx: Ctx) -> str:
 
 
 # -- a captured layer ---------------------------------------------------------------------------
+
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """SDPA on bshd tensors: (b, S, h, d) -> (b, S, h, d), contiguous."""
@@ -357,11 +394,14 @@ def check_captured_layer(ctx: Ctx) -> str:
             for name, o, w in zip(names, got, reference(xss)):
                 ctx.expect(name, o, w)
     finish(group)
-    return (f"{n} replays, seq_splits {seq}, head_splits {case.head_splits}, bf16 d=64; "
-            "q, k, v and o bit-exact every replay")
+    return (
+        f"{n} replays, seq_splits {seq}, head_splits {case.head_splits}, bf16 d=64; "
+        "q, k, v and o bit-exact every replay"
+    )
 
 
 # -- eager calls between replays on the graph's tags --------------------------------------------
+
 
 @check
 def check_eager_between_replays(ctx: Ctx) -> str:
@@ -379,13 +419,22 @@ def check_eager_between_replays(ctx: Ctx) -> str:
     n = ctx.short
     plan = []
     for i in range(n):
-        eager_calls = [dataclasses.replace(graph_calls[0], consume="wait" if i % 2 else "clone"),
-                       dataclasses.replace(graph_calls[1],
-                                           entry="deferred" if i % 3 == 2 else "borrowed")]
+        eager_calls = [
+            dataclasses.replace(graph_calls[0], consume="wait" if i % 2 else "clone"),
+            dataclasses.replace(graph_calls[1], entry="deferred" if i % 3 == 2 else "borrowed"),
+        ]
         gx = [c.inputs(P, 7_100 + 1000 * i + j) for j, c in enumerate(graph_calls)]
         ex = [c.inputs(P, 7_500 + 1000 * i + j) for j, c in enumerate(eager_calls)]
-        plan.append((i, eager_calls, gx, [xs[rank].to(device) for xs in gx], ex,
-                     [xs[rank].to(device) for xs in ex]))
+        plan.append(
+            (
+                i,
+                eager_calls,
+                gx,
+                [xs[rank].to(device) for xs in gx],
+                ex,
+                [xs[rank].to(device) for xs in ex],
+            )
+        )
     issued = []
     for i, eager_calls, _, gdev, _, edev in plan:
         ctx.where = f"iteration {i}"
@@ -459,22 +508,28 @@ def check_first_owned_call_after_capture(ctx: Ctx) -> str:
             # the owned call's graph and the borrowed call's second one (its first one, made
             # before the owned call, must not be launched again)
             new = group.stats()["graphs_cached"] - cached
-            assert new == 2, (f"rank {rank}: {new} graphs cached by the tag's first owned call "
-                              f"and the eager borrowed call after it, expected 2")
+            assert new == 2, (
+                f"rank {rank}: {new} graphs cached by the tag's first owned call "
+                f"and the eager borrowed call after it, expected 2"
+            )
     for i, (done, xss) in enumerate(first):
         ctx.where = f"eager borrowed call {i} before the first owned call"
         ctx.expect(borrowed.label(), done, borrowed.want(xss, rank))
     for i, row in enumerate(results):
-        for what, (got, xss), call in zip(("owned call", "replay", "eager borrowed call"), row,
-                                          (owned, borrowed, borrowed)):
+        for what, (got, xss), call in zip(
+            ("owned call", "replay", "eager borrowed call"), row, (owned, borrowed, borrowed)
+        ):
             ctx.where = f"{what} {i}"
             ctx.expect(call.label(), got, call.want(xss, rank))
     finish(group)
-    return (f"{n} owned calls, {n} replays and {n} borrowed calls on a tag first used only by "
-            f"borrowed calls")
+    return (
+        f"{n} owned calls, {n} replays and {n} borrowed calls on a tag first used only by "
+        f"borrowed calls"
+    )
 
 
 # -- two graphs, one group, the same tags -------------------------------------------------------
+
 
 @check
 def check_two_graphs_one_group(ctx: Ctx) -> str:
@@ -524,6 +579,7 @@ def check_two_graphs_one_group(ctx: Ctx) -> str:
 
 # -- a call under capture without a window ------------------------------------------------------
 
+
 @check
 def check_capture_without_window_raises(ctx: Ctx) -> str:
     """Under capture, a call on a tag with no window, or with a window too small, raises
@@ -539,15 +595,24 @@ def check_capture_without_window_raises(ctx: Ctx) -> str:
     big_case = dataclasses.replace(case, batch=4)
     big = Call(big_case, 0, "known").inputs(P, 9_001)[rank].to(device)
     attempts = [
-        ("copy on a tag with no window", lambda: _wait(group.all_to_all_single_4d(
-            x, 0, "new", **known.splits()))),
-        ("borrowed on a tag with no window", lambda: group.all_to_all_single_4d_borrowed(
-            x, 0, "new-b", **known.splits())),
-        ("borrowed barrier=False on a tag with no window",
-         lambda: group.all_to_all_single_4d_borrowed(x, 0, "new-d", barrier=False,
-                                                     **known.splits())),
-        ("copy needing a larger window (b=4 on a b=1 window)",
-         lambda: _wait(group.all_to_all_single_4d(big, 0, "known", **known.splits()))),
+        (
+            "copy on a tag with no window",
+            lambda: _wait(group.all_to_all_single_4d(x, 0, "new", **known.splits())),
+        ),
+        (
+            "borrowed on a tag with no window",
+            lambda: group.all_to_all_single_4d_borrowed(x, 0, "new-b", **known.splits()),
+        ),
+        (
+            "borrowed barrier=False on a tag with no window",
+            lambda: group.all_to_all_single_4d_borrowed(
+                x, 0, "new-d", barrier=False, **known.splits()
+            ),
+        ),
+        (
+            "copy needing a larger window (b=4 on a b=1 window)",
+            lambda: _wait(group.all_to_all_single_4d(big, 0, "known", **known.splits())),
+        ),
     ]
     count = 0
     for name, call in attempts:
@@ -555,14 +620,17 @@ def check_capture_without_window_raises(ctx: Ctx) -> str:
             ctx.capture_fn(call, where=f"capture of '{name}'")
         except ValueError as error:
             message = str(error)
-            assert "reserve()" in message and "warm-up" in message, \
-                f"rank {rank}: {ctx.check}: {name}: ValueError lacks 'reserve()'/'warm-up': " \
+            assert "reserve()" in message and "warm-up" in message, (
+                f"rank {rank}: {ctx.check}: {name}: ValueError lacks 'reserve()'/'warm-up': "
                 f"{message}"
+            )
         else:
-            raise AssertionError(f"rank {rank}: {ctx.check}: {name} under capture did not raise "
-                                 "ValueError")
-        assert not torch.cuda.is_current_stream_capturing(), \
+            raise AssertionError(
+                f"rank {rank}: {ctx.check}: {name} under capture did not raise ValueError"
+            )
+        assert not torch.cuda.is_current_stream_capturing(), (
             f"rank {rank}: {ctx.check}: still capturing after '{name}' raised"
+        )
         ctx.where = f"eager call after '{name}'"
         xs = known.inputs(P, 9_100 + count)
         ctx.expect(known.label(), issue(group, known, xs[rank].to(device)), known.want(xs, rank))
@@ -571,20 +639,22 @@ def check_capture_without_window_raises(ctx: Ctx) -> str:
     g, outs = ctx.capture(group, [known], statics)
     ctx.replay_and_check(g, [known], statics, outs, 3, seed=9_200, label="valid replay")
     ctx.where = "eager call on a new tag after capture (the pool grows)"
-    grow = Call(Case(4, (64,) * P, (2,) * P, 64, torch.bfloat16, "bshd"), 0, "grow",
-                "borrowed")
+    grow = Call(Case(4, (64,) * P, (2,) * P, 64, torch.bfloat16, "bshd"), 0, "grow", "borrowed")
     xs = grow.inputs(P, 9_300)
     segments_before = _segments(group)
     ctx.expect(grow.label(), issue(group, grow, xs[rank].to(device)), grow.want(xs, rank))
     segments = f"pool segments {segments_before} -> {_segments(group)}"
-    ctx.replay_and_check(g, [known], statics, outs, 3, seed=9_400,
-                         label="replay after the pool grew")
+    ctx.replay_and_check(
+        g, [known], statics, outs, 3, seed=9_400, label="replay after the pool grew"
+    )
     ctx.where = "eager call after the replays"
     xs = known.inputs(P, 9_500)
     ctx.expect(known.label(), issue(group, known, xs[rank].to(device)), known.want(xs, rank))
     finish(group)
-    return (f"{len(attempts)} calls under capture raised ValueError (reserve(), warm-up); "
-            f"eager calls, a valid capture, a new tag ({segments}) and replays after it correct")
+    return (
+        f"{len(attempts)} calls under capture raised ValueError (reserve(), warm-up); "
+        f"eager calls, a valid capture, a new tag ({segments}) and replays after it correct"
+    )
 
 
 def _segments(group):
@@ -593,6 +663,7 @@ def _segments(group):
 
 
 # -- torch.compile(mode="reduce-overhead") ------------------------------------------------------
+
 
 class _Collect(logging.Handler):
     def __init__(self):
@@ -654,16 +725,21 @@ def check_compile_reduce_overhead(ctx: Ctx) -> str:
             skipped = counters["inductor"]["cudagraph_skips"] - skips_before
             messages = collect.messages[first_message:]
             if error is not None:
-                outcome = (f"{variant}: torch.compile raised {type(error).__name__}: "
-                           f"{str(error).splitlines()[0][:200]} (reported, not a failure)")
+                outcome = (
+                    f"{variant}: torch.compile raised {type(error).__name__}: "
+                    f"{str(error).splitlines()[0][:200]} (reported, not a failure)"
+                )
             elif skipped:
-                outcome = (f"{variant}: cudagraphs SKIPPED ({skipped}x: "
-                           f"{'; '.join(messages) or 'no message'}), {calls} results correct")
+                outcome = (
+                    f"{variant}: cudagraphs SKIPPED ({skipped}x: "
+                    f"{'; '.join(messages) or 'no message'}), {calls} results correct"
+                )
                 if variant == "copy" and not ctx.args.allow_compile_skip:
                     raise AssertionError(
                         f"rank {rank}: {ctx.check}: torch skipped cudagraphs for the copy entry "
                         f"point ({'; '.join(messages) or 'no message'}): nothing was captured "
-                        "(--allow-compile-skip accepts this)")
+                        "(--allow-compile-skip accepts this)"
+                    )
             else:
                 outcome = f"{variant}: cudagraphs used, {calls} results correct"
             report.append(outcome)
@@ -674,6 +750,7 @@ def check_compile_reduce_overhead(ctx: Ctx) -> str:
             logger.removeHandler(collect)
     try:
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
         reset_cudagraph_trees()
     except Exception:  # noqa: BLE001 - private API, best effort
         pass
@@ -682,6 +759,7 @@ def check_compile_reduce_overhead(ctx: Ctx) -> str:
 
 
 # -- zero SM ------------------------------------------------------------------------------------
+
 
 @check
 def check_zero_sm_kernels(ctx: Ctx) -> str:
@@ -710,8 +788,9 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
     n = 20
     ctx.where = "profiled calls"
     # Rank 0 alone profiles (profiling.py says why); the others make the same calls unprofiled.
-    profiling = torch.profiler.profile(activities=activities()) if rank == 0 else \
-        contextlib.nullcontext()
+    profiling = (
+        torch.profiler.profile(activities=activities()) if rank == 0 else contextlib.nullcontext()
+    )
     with profiling as prof:
         for _ in range(n):
             window = issue(group, eager, x_eager)
@@ -732,22 +811,30 @@ def check_zero_sm_kernels(ctx: Ctx) -> str:
     other = Counter(nm for nm in names if nm.startswith(NOT_KERNELS))
     not_copy = {nm: k for nm, k in kernels.items() if "copy" not in nm.lower()}
     n_kernels = sum(kernels.values())
-    summary = [f"{calls} calls ({n} eager borrowed, {n} replays x 3): {n_kernels} kernels, "
-               f"{sum(other.values())} memcpy/memset/other device activities"]
+    summary = [
+        f"{calls} calls ({n} eager borrowed, {n} replays x 3): {n_kernels} kernels, "
+        f"{sum(other.values())} memcpy/memset/other device activities"
+    ]
     summary += [f"      kernel {k:4d} x {nm[:160]}" for nm, k in kernels.most_common()]
     summary += [f"      other  {k:4d} x {nm[:160]}" for nm, k in other.most_common()]
     ctx.where = "kernel census"
-    assert names, (f"rank {rank}: {ctx.check}: the profiler recorded no device activity at all "
-                   "(not even the copies): the census would prove nothing")
-    assert not not_copy, (f"rank {rank}: {ctx.check}: kernels other than copies were launched: "
-                          f"{dict(not_copy)}")
-    assert n_kernels <= calls, (f"rank {rank}: {ctx.check}: {n_kernels} copy kernels for "
-                                f"{calls} calls (more than one per call): {dict(kernels)}")
+    assert names, (
+        f"rank {rank}: {ctx.check}: the profiler recorded no device activity at all "
+        "(not even the copies): the census would prove nothing"
+    )
+    assert not not_copy, (
+        f"rank {rank}: {ctx.check}: kernels other than copies were launched: {dict(not_copy)}"
+    )
+    assert n_kernels <= calls, (
+        f"rank {rank}: {ctx.check}: {n_kernels} copy kernels for "
+        f"{calls} calls (more than one per call): {dict(kernels)}"
+    )
     finish(group)
     return "\n".join(summary)
 
 
 # -- main ---------------------------------------------------------------------------------------
+
 
 def select(only: list[str]) -> list[str]:
     """The names of the checks `--only` picks (each word a check name or a name prefix), in run
@@ -758,8 +845,9 @@ def select(only: list[str]) -> list[str]:
     chosen = [name for name in CHECKS if any(name.startswith(w) for w in wanted)]
     unknown = [w for w in wanted if not any(name.startswith(w) for name in CHECKS)]
     if unknown or not chosen:
-        raise SystemExit(f"--only {','.join(wanted)}: unknown {unknown}; checks: "
-                         f"{', '.join(CHECKS)}")
+        raise SystemExit(
+            f"--only {','.join(wanted)}: unknown {unknown}; checks: {', '.join(CHECKS)}"
+        )
     return chosen
 
 
@@ -787,8 +875,10 @@ def main(args) -> int:
                 note = fn(ctx)
                 torch.cuda.synchronize()
             except Exception as error:
-                raise AssertionError(f"check {name} failed on rank {rank} at "
-                                     f"{ctx.where}: {type(error).__name__}: {error}") from error
+                raise AssertionError(
+                    f"check {name} failed on rank {rank} at "
+                    f"{ctx.where}: {type(error).__name__}: {error}"
+                ) from error
             entry["detail"] = (note or "").split("\n")[0]
             dist.barrier()
         passed += 1
@@ -800,9 +890,12 @@ def main(args) -> int:
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
-        print(f"P={world_size} ({'ranks share one GPU' if args.shared_gpu else backend}), "
-              f"{time.time() - start:.1f} s, capture_error_mode={args.capture_error_mode}, "
-              f"layer replays={args.replays}", flush=True)
+        print(
+            f"P={world_size} ({'ranks share one GPU' if args.shared_gpu else backend}), "
+            f"{time.time() - start:.1f} s, capture_error_mode={args.capture_error_mode}, "
+            f"layer replays={args.replays}",
+            flush=True,
+        )
         print(f"{passed} passed, 0 failed", flush=True)
     report.finish()
     dist.destroy_process_group()

@@ -29,6 +29,7 @@ from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 # -- the reference: upstream semantics, written from their documentation ----------------------
 
+
 def _a2a(x, pg):
     """Chunk p of dim 0 goes to rank p; what arrives from rank p is chunk p of the result."""
     x = x.contiguous()
@@ -58,12 +59,15 @@ def ref_4d(x, scatter, gather, pg):
 
 
 def ref_5d(x, scatter, gather, pg):
-    parts = [ref_4d(x[:, :, i].contiguous(), 2 if scatter == 3 else 1,
-                    1 if scatter == 3 else 2, pg) for i in range(x.shape[2])]
+    parts = [
+        ref_4d(x[:, :, i].contiguous(), 2 if scatter == 3 else 1, 1 if scatter == 3 else 2, pg)
+        for i in range(x.shape[2])
+    ]
     return torch.stack(parts, dim=2)
 
 
 # -- checks -----------------------------------------------------------------------------------
+
 
 def same_bits(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
@@ -102,16 +106,46 @@ def local_attention(q, k, v, layout):
 
 def check_yunchang(pg, P, device):
     seq_in, head_in = (2, 2, 2 * P, 8), (2, 2 * P, 2, 8)
-    compare("all_to_all_4D(2, 1)", lambda x: yunchang.all_to_all_4D(x, 2, 1, pg),
-            lambda x: ref_4d(x, 2, 1, pg), seq_in, device, 1)
-    compare("all_to_all_4D(1, 2)", lambda x: yunchang.all_to_all_4D(x, 1, 2, pg, True),
-            lambda x: ref_4d(x, 1, 2, pg), head_in, device, 2)
-    compare("SeqAllToAll4D", lambda x: yunchang.SeqAllToAll4D.apply(pg, x, 2, 1),
-            lambda x: ref_4d(x, 2, 1, pg), seq_in, device, 3)
-    compare("SeqAllToAll5D(3, 1)", lambda x: yunchang.SeqAllToAll5D.apply(pg, x),
-            lambda x: ref_5d(x, 3, 1, pg), (2, 2, 3, 2 * P, 8), device, 4)
-    compare("SeqAllToAll5D(1, 3)", lambda x: yunchang.SeqAllToAll5D.apply(pg, x, 1, 3),
-            lambda x: ref_5d(x, 1, 3, pg), (2, 2 * P, 3, 2, 8), device, 5)
+    compare(
+        "all_to_all_4D(2, 1)",
+        lambda x: yunchang.all_to_all_4D(x, 2, 1, pg),
+        lambda x: ref_4d(x, 2, 1, pg),
+        seq_in,
+        device,
+        1,
+    )
+    compare(
+        "all_to_all_4D(1, 2)",
+        lambda x: yunchang.all_to_all_4D(x, 1, 2, pg, True),
+        lambda x: ref_4d(x, 1, 2, pg),
+        head_in,
+        device,
+        2,
+    )
+    compare(
+        "SeqAllToAll4D",
+        lambda x: yunchang.SeqAllToAll4D.apply(pg, x, 2, 1),
+        lambda x: ref_4d(x, 2, 1, pg),
+        seq_in,
+        device,
+        3,
+    )
+    compare(
+        "SeqAllToAll5D(3, 1)",
+        lambda x: yunchang.SeqAllToAll5D.apply(pg, x),
+        lambda x: ref_5d(x, 3, 1, pg),
+        (2, 2, 3, 2 * P, 8),
+        device,
+        4,
+    )
+    compare(
+        "SeqAllToAll5D(1, 3)",
+        lambda x: yunchang.SeqAllToAll5D.apply(pg, x, 1, 3),
+        lambda x: ref_5d(x, 1, 3, pg),
+        (2, 2 * P, 3, 2, 8),
+        device,
+        5,
+    )
 
 
 def check_deepspeed(pg, P, device):
@@ -127,39 +161,50 @@ def check_deepspeed(pg, P, device):
             # and on a GPU round differently, so only the same kernel on the same inputs is
             # bit-exact.
             to_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(0, 1))
-            q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)).to(device)
-                       for t in (x, x * 2, x + 1))
+            q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)).to(device) for t in (x, x * 2, x + 1))
             o = local_attention(q, k, v, layout).cpu()
             return to_bshd(ref_4d(to_bshd(o).contiguous(), 1, 2, pg))
 
         shape = (2, 3, 2 * P, 8) if layout == "bshd" else (3, 2, 2 * P, 8)
-        compare(f"DistributedAttention batch_dim_idx={batch_dim_idx}", ours, ref, shape, device,
-                10 + batch_dim_idx)
+        compare(
+            f"DistributedAttention batch_dim_idx={batch_dim_idx}",
+            ours,
+            ref,
+            shape,
+            device,
+            10 + batch_dim_idx,
+        )
 
     # rotary_pos_emb: DeepSpeed's (cos, sin) tables, viewed as table.permute(1, 0, 2, 3), which
     # broadcasts to q's first r values after the all-to-all; rotate-half on those r values of q
     # and k. r = 4 of d = 8 (partial rotary); (S, 1, 1, r) tables for bshd, (b, S, 1, r) ones
     # (an angle per batch entry) for sbhd.
     g = torch.Generator().manual_seed(12)
-    for batch_dim_idx, layout, table in ((0, "bshd", (3 * P, 1, 1, 4)),
-                                         (1, "sbhd", (2, 3 * P, 1, 4))):
+    for batch_dim_idx, layout, table in (
+        (0, "bshd", (3 * P, 1, 1, 4)),
+        (1, "sbhd", (2, 3 * P, 1, 4)),
+    ):
         angles = torch.rand(table, generator=g) * 6.28
         cos, sin = angles.cos(), angles.sin()
         module = deepspeed.DistributedAttention(local_attention, pg)
         to_bshd = (lambda t: t) if layout == "bshd" else (lambda t: t.transpose(0, 1))
 
         def ours_rotary(x):
-            return module(x, x * 2, x + 1, batch_dim_idx, (cos.to(device), sin.to(device)),
-                          layout)
+            return module(x, x * 2, x + 1, batch_dim_idx, (cos.to(device), sin.to(device)), layout)
 
         def ref_rotary(x):
             def rotate(t):  # the first half of r against the second, angles broadcast
                 c, s = cos.permute(1, 0, 2, 3), sin.permute(1, 0, 2, 3)
                 half = c.shape[-1] // 2
-                x1, x2 = t[..., :half], t[..., half:2 * half]
-                return torch.cat((x1 * c[..., :half] - x2 * s[..., :half],
-                                  x2 * c[..., half:] + x1 * s[..., half:], t[..., 2 * half:]),
-                                 -1)
+                x1, x2 = t[..., :half], t[..., half : 2 * half]
+                return torch.cat(
+                    (
+                        x1 * c[..., :half] - x2 * s[..., :half],
+                        x2 * c[..., half:] + x1 * s[..., half:],
+                        t[..., 2 * half :],
+                    ),
+                    -1,
+                )
 
             q, k, v = (to_bshd(ref_4d(to_bshd(t), 2, 1, pg)) for t in (x, x * 2, x + 1))
             q, k = rotate(q), rotate(k)
@@ -167,34 +212,69 @@ def check_deepspeed(pg, P, device):
             return to_bshd(ref_4d(to_bshd(o).contiguous(), 1, 2, pg))
 
         shape = (2, 3, 2 * P, 8) if layout == "bshd" else (3, 2, 2 * P, 8)
-        compare(f"DistributedAttention batch_dim_idx={batch_dim_idx} with rotary_pos_emb",
-                ours_rotary, ref_rotary, shape, device, 13 + batch_dim_idx)
+        compare(
+            f"DistributedAttention batch_dim_idx={batch_dim_idx} with rotary_pos_emb",
+            ours_rotary,
+            ref_rotary,
+            shape,
+            device,
+            13 + batch_dim_idx,
+        )
 
 
 def check_diffusers(pg, P, device):
-    compare("_all_to_all_dim_exchange(2, 1)",
-            lambda x: diffusers._all_to_all_dim_exchange(x, 2, 1, pg),
-            lambda x: ref_4d(x, 2, 1, pg), (1, 3, 2 * P, 8), device, 20)
-    compare("_all_to_all_dim_exchange(1, 2)",
-            lambda x: diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
-            lambda x: ref_4d(x, 1, 2, pg), (1, 3 * P, 2, 8), device, 21)
+    compare(
+        "_all_to_all_dim_exchange(2, 1)",
+        lambda x: diffusers._all_to_all_dim_exchange(x, 2, 1, pg),
+        lambda x: ref_4d(x, 2, 1, pg),
+        (1, 3, 2 * P, 8),
+        device,
+        20,
+    )
+    compare(
+        "_all_to_all_dim_exchange(1, 2)",
+        lambda x: diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
+        lambda x: ref_4d(x, 1, 2, pg),
+        (1, 3 * P, 2, 8),
+        device,
+        21,
+    )
 
 
 def check_fastvideo(pg, P, device):
-    compare("all_to_all_4D(2, 1)", lambda x: fastvideo.all_to_all_4D(x, 2, 1, group=pg),
-            lambda x: ref_4d(x, 2, 1, pg), (2, 3, P, 8), device, 30)
-    compare("all_to_all_4D(1, 2)", lambda x: fastvideo.all_to_all_4D(x, 1, 2, group=pg),
-            lambda x: ref_4d(x, 1, 2, pg), (2, 3 * P, 1, 8), device, 31)
+    compare(
+        "all_to_all_4D(2, 1)",
+        lambda x: fastvideo.all_to_all_4D(x, 2, 1, group=pg),
+        lambda x: ref_4d(x, 2, 1, pg),
+        (2, 3, P, 8),
+        device,
+        30,
+    )
+    compare(
+        "all_to_all_4D(1, 2)",
+        lambda x: fastvideo.all_to_all_4D(x, 1, 2, group=pg),
+        lambda x: ref_4d(x, 1, 2, pg),
+        (2, 3 * P, 1, 8),
+        device,
+        31,
+    )
 
 
-CHECKS = (("yunchang", check_yunchang), ("deepspeed", check_deepspeed),
-          ("diffusers", check_diffusers), ("fastvideo", check_fastvideo))
+CHECKS = (
+    ("yunchang", check_yunchang),
+    ("deepspeed", check_deepspeed),
+    ("diffusers", check_diffusers),
+    ("fastvideo", check_fastvideo),
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="every rank on cuda:0 (make_group picks the fast group)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0 (make_group picks the fast group)",
+    )
     args = parser.parse_args()
 
     def body(report, pg, P, device):

@@ -37,9 +37,13 @@ REPORT_ENV = "FAST_ULYSSES_TEST_REPORT"
 TAIL_LINES = 40
 WORKERS = Path(__file__).resolve().parent
 # Ranks sharing the first GPU over gloo; multicast stays off in every GPU run.
-SHARED_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                  "NVSHMEM_DISABLE_NVLS": "1", "FAST_ULYSSES_ALLOW_SHARED_GPU": "1",
-                  "FAST_ULYSSES_WATCHDOG_S": "60"}
+SHARED_GPU_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "FAST_ULYSSES_ALLOW_SHARED_GPU": "1",
+    "FAST_ULYSSES_WATCHDOG_S": "60",
+}
 
 
 def worker_path(worker: str | Path) -> Path:
@@ -97,6 +101,7 @@ def run_on_subgroups(fast: bool, body, *, timeout_s: float = 120) -> int:
 
 # -- worker side ------------------------------------------------------------------------------
 
+
 class Report:
     """This rank's checks, as a JSON file: {"rank", "checks": [{"name", "status", "detail"}],
     "finished"}; status is "running", "passed" or "failed"."""
@@ -139,12 +144,13 @@ class Report:
 
 # -- parent side ------------------------------------------------------------------------------
 
+
 @dataclass
 class RankRun:
     rank: int
     returncode: int | None  # None: still running when the launcher killed it
-    output: str             # stdout and stderr, interleaved
-    report: dict | None     # the rank's JSON report; None if it wrote none
+    output: str  # stdout and stderr, interleaved
+    report: dict | None  # the rank's JSON report; None if it wrote none
 
     def status(self) -> str:
         return "killed by the launcher" if self.returncode is None else f"exit {self.returncode}"
@@ -162,8 +168,9 @@ class Launch:
 
     def describe(self) -> str:
         """Every rank's exit and last lines, for an assertion message."""
-        head = f"{self.script.name}, {len(self.ranks)} ranks" + \
-            (" (timed out)" if self.timed_out else "")
+        head = f"{self.script.name}, {len(self.ranks)} ranks" + (
+            " (timed out)" if self.timed_out else ""
+        )
         parts = [head]
         for r in self.ranks:
             tail = "\n".join(r.output.strip().splitlines()[-TAIL_LINES:])
@@ -175,17 +182,20 @@ class Launch:
         where it failed come first, those that exited on their own before those the launcher
         killed: the others were usually only waiting for them."""
         failed, other = [], []
-        for r in (self.ranks if ranks is None else [self.ranks[i] for i in ranks]):
+        for r in self.ranks if ranks is None else [self.ranks[i] for i in ranks]:
             entry = r.entry(name)
             if r.report is None:
                 other.append(f"rank {r.rank} wrote no report ({r.status()})")
             elif entry is None:
                 done = [c["name"] for c in r.report["checks"]]
-                other.append(f"it never ran on rank {r.rank} ({r.status()}; checks it reached: "
-                             f"{done})")
+                other.append(
+                    f"it never ran on rank {r.rank} ({r.status()}; checks it reached: {done})"
+                )
             elif entry["status"] == "failed":  # a rank that failed on its own goes first
-                failed.insert(len(failed) if r.returncode is None else 0,
-                              f"failed on rank {r.rank}: {entry['detail']}")
+                failed.insert(
+                    len(failed) if r.returncode is None else 0,
+                    f"failed on rank {r.rank}: {entry['detail']}",
+                )
             elif entry["status"] != "passed":
                 other.append(f"it did not finish on rank {r.rank} ({r.status()})")
         problems = failed + other
@@ -199,8 +209,9 @@ class Launch:
         """Every rank exited 0 and reported that it finished every check."""
         for r in self.ranks:
             assert r.returncode == 0, f"rank {r.rank}: {r.status()}\n{self.describe()}"
-            assert r.report is not None and r.report["finished"], \
+            assert r.report is not None and r.report["finished"], (
                 f"rank {r.rank} exited 0 without finishing its report\n{self.describe()}"
+            )
 
     def check_names(self, rank: int = 0) -> list[str]:
         return [c["name"] for c in (self.ranks[rank].report or {}).get("checks", [])]
@@ -212,24 +223,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str | Path, nproc: int, tmp: Path, *, timeout: float, args=(),
-           env: dict | None = None) -> Launch:
+def launch(
+    script: str | Path, nproc: int, tmp: Path, *, timeout: float, args=(), env: dict | None = None
+) -> Launch:
     """Runs `script` as `nproc` ranks and waits for all of them, a failure or the timeout.
     `env` adds to this process's environment; a None value removes the variable."""
     script = worker_path(script)
     tmp.mkdir(parents=True, exist_ok=True)
     reports = tmp / "reports"
     reports.mkdir(exist_ok=True)
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0",
-                GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                **{REPORT_ENV: str(reports)}, **(env or {}))
+    base = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK="0",
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        **{REPORT_ENV: str(reports)},
+        **(env or {}),
+    )
     base = {name: value for name, value in base.items() if value is not None}
     logs = [open(tmp / f"rank{r}.log", "w+") for r in range(nproc)]
-    procs = [subprocess.Popen([sys.executable, str(script), *args], stdout=logs[r],
-                              stderr=subprocess.STDOUT, start_new_session=True,
-                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(nproc)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=logs[r],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+        )
+        for r in range(nproc)
+    ]
     killed = set()
     try:
         timed_out = not _wait(procs, timeout)

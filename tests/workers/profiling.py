@@ -18,9 +18,13 @@ NOT_KERNELS = ("Memcpy", "Memset", "Runtime Triggered Module Loading", "Lazy Fun
 def device_activity(prof) -> list[str]:
     """Names of the device-side (CUDA) activities the profiler recorded."""
     from torch.autograd import DeviceType
+
     try:
-        return [e.name() for e in prof.profiler.kineto_results.events()
-                if e.device_type() == DeviceType.CUDA]
+        return [
+            e.name()
+            for e in prof.profiler.kineto_results.events()
+            if e.device_type() == DeviceType.CUDA
+        ]
     except AttributeError:
         return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
 

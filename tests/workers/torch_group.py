@@ -45,9 +45,16 @@ def split_cases(P: int):
 
 def input_shape(mode, layout, b, d, rank, P, seq, heads):
     """Rank `rank`'s input shape, from the plan; None splits mean 2 rows and 2 heads per rank."""
-    return plan_input_shape(P, rank, mode, batch=b, head_dim=d,
-                            seq_splits=seq or [2] * P, head_splits=heads or [2] * P,
-                            layout=layout)
+    return plan_input_shape(
+        P,
+        rank,
+        mode,
+        batch=b,
+        head_dim=d,
+        seq_splits=seq or [2] * P,
+        head_splits=heads or [2] * P,
+        layout=layout,
+    )
 
 
 def make_input(shape, dtype, seed):
@@ -56,39 +63,52 @@ def make_input(shape, dtype, seed):
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8),
+            b.contiguous().reshape(-1).view(torch.uint8),
+        )
+    )
 
 
 def check_cases(group: TorchUlyssesGroup, P: int) -> int:
     rank, count = group.rank, 0
     for (name, seq, heads), mode, layout, (dtype, b, d) in itertools.product(
-            split_cases(P), (0, 1), LAYOUTS, DTYPE_BATCH_DIM):
+        split_cases(P), (0, 1), LAYOUTS, DTYPE_BATCH_DIM
+    ):
         seed = 100_000 * P + 1000 * count
-        inputs = [make_input(input_shape(mode, layout, b, d, r, P, seq, heads), dtype, seed + r)
-                  for r in range(P)]
+        inputs = [
+            make_input(input_shape(mode, layout, b, d, r, P, seq, heads), dtype, seed + r)
+            for r in range(P)
+        ]
         kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
         expected = fast_ulysses.simulate(inputs, mode, **kw)[rank]
         if count % 2:
-            got = group.all_to_all_single_4d_borrowed(inputs[rank], mode, "t", barrier=False,
-                                                      **kw)
+            got = group.all_to_all_single_4d_borrowed(inputs[rank], mode, "t", barrier=False, **kw)
             group.barrier()
         else:
             got = group.all_to_all_single_4d(inputs[rank], mode, "t", **kw)
         if not same_bits(got, expected):
-            raise AssertionError(f"P={P} rank {rank} case {name} mode={mode} {layout} "
-                                 f"{dtype} b={b} d={d}: output differs from simulate "
-                                 f"(shapes {tuple(got.shape)} vs {tuple(expected.shape)})")
+            raise AssertionError(
+                f"P={P} rank {rank} case {name} mode={mode} {layout} "
+                f"{dtype} b={b} d={d}: output differs from simulate "
+                f"(shapes {tuple(got.shape)} vs {tuple(expected.shape)})"
+            )
         count += 1
     return count
 
 
 def bad_calls(P: int):
     """Calls every rank gets wrong the same way: (mode, shape, kwargs)."""
-    calls = [(2, (1, 2, 2 * P, 8), {}), (0, (1, 2, 2 * P, 8), {"layout": "bsdh"}),
-             (0, (1, 2, 2 * P, 8), {"seq_splits": [2] * (P + 1)}),
-             (1, (1, 2 * P, 2, 8), {"head_splits": [3] * P}),
-             (1, (1, 2, 2 * P, 8), {"layout": "bhsd", "seq_splits": [3] * P})]
+    calls = [
+        (2, (1, 2, 2 * P, 8), {}),
+        (0, (1, 2, 2 * P, 8), {"layout": "bsdh"}),
+        (0, (1, 2, 2 * P, 8), {"seq_splits": [2] * (P + 1)}),
+        (1, (1, 2 * P, 2, 8), {"head_splits": [3] * P}),
+        (1, (1, 2, 2 * P, 8), {"layout": "bhsd", "seq_splits": [3] * P}),
+    ]
     if P > 1:
         calls.append((0, (1, 2, P + 1, 8), {}))  # heads that P does not divide
     return calls
@@ -114,8 +134,12 @@ def check_errors(group: TorchUlyssesGroup, P: int) -> None:
 
 
 def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
-    group.reserve([CallSpec((1, 2, 2 * P, 8), torch.bfloat16, 0, "q"),
-                   CallSpec((1, 2 * P, 2, 8), torch.bfloat16, 1, "o")])
+    group.reserve(
+        [
+            CallSpec((1, 2, 2 * P, 8), torch.bfloat16, 0, "q"),
+            CallSpec((1, 2 * P, 2, 8), torch.bfloat16, 1, "o"),
+        ]
+    )
     try:
         group.reserve([CallSpec((1, 2, P + 1, 8), torch.bfloat16, 0, "q")] if P > 1 else [1])
     except ValueError:
@@ -124,9 +148,12 @@ def check_reserve_and_destroy(group: TorchUlyssesGroup, P: int) -> None:
         raise AssertionError("reserve accepted a call the plan rejects")
     group.destroy()
     x = torch.zeros(1, 2, 2 * P, 8, dtype=torch.bfloat16)
-    for use in (lambda: group.all_to_all_single_4d(x, 0, "q"), group.barrier,
-                lambda: group.all_to_all_single_4d_borrowed(x, 0, "q"),
-                lambda: group.reserve([])):
+    for use in (
+        lambda: group.all_to_all_single_4d(x, 0, "q"),
+        group.barrier,
+        lambda: group.all_to_all_single_4d_borrowed(x, 0, "q"),
+        lambda: group.reserve([]),
+    ):
         try:
             use()
         except RuntimeError:
@@ -147,20 +174,36 @@ def check_make_group(pg) -> None:
         assert group.fallback_reason == "no GPU on rank 0", group.fallback_reason
     P, last = dist.get_world_size(pg), dist.get_world_size(pg) - 1
     others = "rank 0" if P == 2 else f"ranks 0-{last - 1}" if P > 3 else "ranks 0, 1"
-    debug_want = (f"FAST_ULYSSES_DEBUG=1 on rank {last} but not on {others}: set it the same on "
-                  f"every rank" if P > 1 else None)
+    debug_want = (
+        f"FAST_ULYSSES_DEBUG=1 on rank {last} but not on {others}: set it the same on every rank"
+        if P > 1
+        else None
+    )
     for name, value, want, build, how in (
-            ("FAST_ULYSSES_WATCHDOG_S", "soon",
-             f"rank {last}: FAST_ULYSSES_WATCHDOG_S=soon: must be a number of seconds",
-             lambda: make_group(pg, 1 << 20), "make_group"),
-            ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: make_group(pg, 1 << 20),
-             "make_group"),
-            ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: make_group(pg, prefer="torch"),
-             "make_group(prefer='torch')"),
-            ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: TorchUlyssesGroup(pg),
-             "TorchUlyssesGroup"),
-            ("FAST_ULYSSES_DEBUG", "yes", f"rank {last}: FAST_ULYSSES_DEBUG=yes: must be 0",
-             lambda: TorchUlyssesGroup(pg), "TorchUlyssesGroup")):
+        (
+            "FAST_ULYSSES_WATCHDOG_S",
+            "soon",
+            f"rank {last}: FAST_ULYSSES_WATCHDOG_S=soon: must be a number of seconds",
+            lambda: make_group(pg, 1 << 20),
+            "make_group",
+        ),
+        ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: make_group(pg, 1 << 20), "make_group"),
+        (
+            "FAST_ULYSSES_DEBUG",
+            "1",
+            debug_want,
+            lambda: make_group(pg, prefer="torch"),
+            "make_group(prefer='torch')",
+        ),
+        ("FAST_ULYSSES_DEBUG", "1", debug_want, lambda: TorchUlyssesGroup(pg), "TorchUlyssesGroup"),
+        (
+            "FAST_ULYSSES_DEBUG",
+            "yes",
+            f"rank {last}: FAST_ULYSSES_DEBUG=yes: must be 0",
+            lambda: TorchUlyssesGroup(pg),
+            "TorchUlyssesGroup",
+        ),
+    ):
         saved = os.environ.get(name)
         if dist.get_rank(pg) == last:
             os.environ[name] = value
@@ -168,7 +211,8 @@ def check_make_group(pg) -> None:
             build()
         except ValueError as error:
             assert want is not None and str(error).startswith(want), (
-                f"{how} raised {error!r}, expected {want!r}...")
+                f"{how} raised {error!r}, expected {want!r}..."
+            )
         else:
             assert want is None, f"{how} did not raise for {name}={value} on group rank {last}"
         finally:

@@ -53,24 +53,57 @@ def compare(label, f_ours, f_upstream, shape, seed, grad=True):
 def check_comm(pg, P):
     up = UPSTREAM
     seq_in, head_in = (2, 3, 2 * P, 8), (2, 3 * P, 2, 8)
-    compare("all_to_all_4D(2, 1)", lambda x: ours.all_to_all_4D(x, 2, 1, pg),
-            lambda x: up["all_to_all_4D"](x, 2, 1, pg), seq_in, 1, grad=False)
-    compare("all_to_all_4D(1, 2)", lambda x: ours.all_to_all_4D(x, 1, 2, pg),
-            lambda x: up["all_to_all_4D"](x, 1, 2, pg), head_in, 2, grad=False)
-    compare("SeqAllToAll4D(2, 1)", lambda x: ours.SeqAllToAll4D.apply(pg, x, 2, 1),
-            lambda x: up["SeqAllToAll4D"].apply(pg, x, 2, 1), seq_in, 3)
-    compare("SeqAllToAll4D(1, 2)", lambda x: ours.SeqAllToAll4D.apply(pg, x, 1, 2),
-            lambda x: up["SeqAllToAll4D"].apply(pg, x, 1, 2), head_in, 6)
-    compare("SeqAllToAll5D(3, 1)", lambda x: ours.SeqAllToAll5D.apply(pg, x, 3, 1),
-            lambda x: up["SeqAllToAll5D"].apply(pg, x, 3, 1), (2, 3, 3, 2 * P, 8), 4)
-    compare("SeqAllToAll5D(1, 3)", lambda x: ours.SeqAllToAll5D.apply(pg, x, 1, 3),
-            lambda x: up["SeqAllToAll5D"].apply(pg, x, 1, 3), (2, 3 * P, 3, 2, 8), 5)
+    compare(
+        "all_to_all_4D(2, 1)",
+        lambda x: ours.all_to_all_4D(x, 2, 1, pg),
+        lambda x: up["all_to_all_4D"](x, 2, 1, pg),
+        seq_in,
+        1,
+        grad=False,
+    )
+    compare(
+        "all_to_all_4D(1, 2)",
+        lambda x: ours.all_to_all_4D(x, 1, 2, pg),
+        lambda x: up["all_to_all_4D"](x, 1, 2, pg),
+        head_in,
+        2,
+        grad=False,
+    )
+    compare(
+        "SeqAllToAll4D(2, 1)",
+        lambda x: ours.SeqAllToAll4D.apply(pg, x, 2, 1),
+        lambda x: up["SeqAllToAll4D"].apply(pg, x, 2, 1),
+        seq_in,
+        3,
+    )
+    compare(
+        "SeqAllToAll4D(1, 2)",
+        lambda x: ours.SeqAllToAll4D.apply(pg, x, 1, 2),
+        lambda x: up["SeqAllToAll4D"].apply(pg, x, 1, 2),
+        head_in,
+        6,
+    )
+    compare(
+        "SeqAllToAll5D(3, 1)",
+        lambda x: ours.SeqAllToAll5D.apply(pg, x, 3, 1),
+        lambda x: up["SeqAllToAll5D"].apply(pg, x, 3, 1),
+        (2, 3, 3, 2 * P, 8),
+        4,
+    )
+    compare(
+        "SeqAllToAll5D(1, 3)",
+        lambda x: ours.SeqAllToAll5D.apply(pg, x, 1, 3),
+        lambda x: up["SeqAllToAll5D"].apply(pg, x, 1, 3),
+        (2, 3 * P, 3, 2, 8),
+        5,
+    )
 
 
 def sdpa(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **_):
     """The layer's attention function, (b, s, h, d) in and out."""
-    o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
-                                       scale=softmax_scale, is_causal=causal)
+    o = F.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), scale=softmax_scale, is_causal=causal
+    )
     return o.transpose(1, 2)
 
 
@@ -100,19 +133,28 @@ def check_attention(pg, P):
             module, name = entry.rsplit(".", 1)
             setattr(sys.modules[module], name, UPSTREAM[name])
     for label, a, b in zip(("output", "q.grad", "k.grad", "v.grad"), got, want):
-        assert adapters.same_bits(a, b), (f"UlyssesAttention after patch_yunchang: {label} "
-                                          "differs")
+        assert adapters.same_bits(a, b), f"UlyssesAttention after patch_yunchang: {label} differs"
 
 
 def check_diffusers(pg, P):
     from diffusers.models.attention_dispatch import _all_to_all_dim_exchange as upstream
 
-    compare("_all_to_all_dim_exchange(2, 1)",
-            lambda x: ours_diffusers._all_to_all_dim_exchange(x, 2, 1, pg),
-            lambda x: upstream(x, 2, 1, pg), (2, 3, 2 * P, 8), 20, grad=False)
-    compare("_all_to_all_dim_exchange(1, 2)",
-            lambda x: ours_diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
-            lambda x: upstream(x, 1, 2, pg), (2, 3 * P, 2, 8), 21, grad=False)
+    compare(
+        "_all_to_all_dim_exchange(2, 1)",
+        lambda x: ours_diffusers._all_to_all_dim_exchange(x, 2, 1, pg),
+        lambda x: upstream(x, 2, 1, pg),
+        (2, 3, 2 * P, 8),
+        20,
+        grad=False,
+    )
+    compare(
+        "_all_to_all_dim_exchange(1, 2)",
+        lambda x: ours_diffusers._all_to_all_dim_exchange(x, 1, 2, pg),
+        lambda x: upstream(x, 1, 2, pg),
+        (2, 3 * P, 2, 8),
+        21,
+        grad=False,
+    )
 
 
 def check_deepspeed(pg, P):
@@ -121,31 +163,54 @@ def check_deepspeed(pg, P):
     g = torch.Generator().manual_seed(31)
     seq_first = torch.rand(3 * P, 1, 1, 4, generator=g) * 6.28  # (S, 1, 1, r): for bshd
     per_batch = torch.rand(2, 3 * P, 1, 4, generator=g) * 6.28  # (b, S, 1, r): for sbhd
-    cases = [("batch_dim_idx=0", 0, "bshd", (2, 3, 2 * P, 8), None),
-             ("batch_dim_idx=1", 1, "sbhd", (3, 2, 2 * P, 8), None),
-             ("batch_dim_idx=0 with rotary_pos_emb", 0, "bshd", (2, 3, 2 * P, 8),
-              (seq_first.cos(), seq_first.sin())),
-             ("batch_dim_idx=1 with rotary_pos_emb", 1, "sbhd", (3, 2, 2 * P, 8),
-              (per_batch.cos(), per_batch.sin()))]
+    cases = [
+        ("batch_dim_idx=0", 0, "bshd", (2, 3, 2 * P, 8), None),
+        ("batch_dim_idx=1", 1, "sbhd", (3, 2, 2 * P, 8), None),
+        (
+            "batch_dim_idx=0 with rotary_pos_emb",
+            0,
+            "bshd",
+            (2, 3, 2 * P, 8),
+            (seq_first.cos(), seq_first.sin()),
+        ),
+        (
+            "batch_dim_idx=1 with rotary_pos_emb",
+            1,
+            "sbhd",
+            (3, 2, 2 * P, 8),
+            (per_batch.cos(), per_batch.sin()),
+        ),
+    ]
     for n, (label, batch_dim_idx, layout, shape, rotary) in enumerate(cases):
+
         def run(cls):
             module = cls(adapters.local_attention, pg)
             return lambda x: module(x, x * 2, x + 1, batch_dim_idx, rotary, layout)
 
-        compare(f"DistributedAttention {label}", run(ours_deepspeed.DistributedAttention),
-                run(Upstream), shape, 30 + n)
+        compare(
+            f"DistributedAttention {label}",
+            run(ours_deepspeed.DistributedAttention),
+            run(Upstream),
+            shape,
+            30 + n,
+        )
 
 
 # framework -> its checks (name, function)
-CHECKS = {"yunchang": (("upstream_comm", check_comm), ("upstream_attention", check_attention)),
-          "diffusers": (("upstream_diffusers", check_diffusers),),
-          "deepspeed": (("upstream_deepspeed", check_deepspeed),)}
+CHECKS = {
+    "yunchang": (("upstream_comm", check_comm), ("upstream_attention", check_attention)),
+    "diffusers": (("upstream_diffusers", check_diffusers),),
+    "deepspeed": (("upstream_deepspeed", check_deepspeed),),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--frameworks", default=",".join(CHECKS),
-                        help=f"comma-separated, of {', '.join(CHECKS)} (default: all)")
+    parser.add_argument(
+        "--frameworks",
+        default=",".join(CHECKS),
+        help=f"comma-separated, of {', '.join(CHECKS)} (default: all)",
+    )
     frameworks = [f for f in parser.parse_args().frameworks.split(",") if f]
     unknown = [f for f in frameworks if f not in CHECKS]
     if unknown:
@@ -153,9 +218,11 @@ def main() -> int:
     if "yunchang" in frameworks:
         import yunchang.comm.all_to_all as upstream
 
-        UPSTREAM.update(all_to_all_4D=upstream.all_to_all_4D,
-                        SeqAllToAll4D=upstream.SeqAllToAll4D,
-                        SeqAllToAll5D=upstream.SeqAllToAll5D)
+        UPSTREAM.update(
+            all_to_all_4D=upstream.all_to_all_4D,
+            SeqAllToAll4D=upstream.SeqAllToAll4D,
+            SeqAllToAll5D=upstream.SeqAllToAll5D,
+        )
 
     def body(report, pg, P, device):
         if "deepspeed" in frameworks:  # its comm layer over the process group torch set up
@@ -173,8 +240,12 @@ def main() -> int:
 
 def check_names(world: int) -> list[tuple[str, str]]:
     """(framework, check name) of every check at every P."""
-    return [(framework, f"{name}_P{P}") for P in subgroup_sizes(world, False)
-            for framework, checks in CHECKS.items() for name, _ in checks]
+    return [
+        (framework, f"{name}_P{P}")
+        for P in subgroup_sizes(world, False)
+        for framework, checks in CHECKS.items()
+        for name, _ in checks
+    ]
 
 
 if __name__ == "__main__":

@@ -29,10 +29,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = Path(os.environ.get("FAST_ULYSSES_UPSTREAM_NODEPS", ROOT / "build" / "upstream-nodeps"))
-SHELLS = {"xfuser": ("xfuser", "xfuser.model_executor.layers"),
-          "fastvideo": ("fastvideo", "fastvideo.distributed", "fastvideo.platforms")}
-INSTALL = ("python -m pip install --no-deps --upgrade --target build/upstream-nodeps "
-           "-r requirements/upstream-nodeps.txt")
+SHELLS = {
+    "xfuser": ("xfuser", "xfuser.model_executor.layers"),
+    "fastvideo": ("fastvideo", "fastvideo.distributed", "fastvideo.platforms"),
+}
+INSTALL = (
+    "python -m pip install --no-deps --upgrade --target build/upstream-nodeps "
+    "-r requirements/upstream-nodeps.txt"
+)
 
 
 def missing(package: str) -> str:

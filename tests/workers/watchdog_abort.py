@@ -42,9 +42,12 @@ def main() -> int:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared-gpu", action="store_true",
-                        help="accepted for a launch like every GPU worker's: this worker always "
-                             "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)")
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="accepted for a launch like every GPU worker's: this worker always "
+        "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
     return parser.parse_args(argv)
 
 

@@ -40,8 +40,12 @@ from fast_ulysses.integrations import fastvideo as ours_fastvideo
 from fast_ulysses.integrations import xfuser as ours_xfuser
 
 USP = "xfuser.model_executor.layers.usp"
-NAMES = ("_ft_c_input_all_to_all", "_ft_c_output_all_to_all", "_combined_qkv_all_to_all",
-         "_combined_gqa_qkv_all_to_all")
+NAMES = (
+    "_ft_c_input_all_to_all",
+    "_ft_c_output_all_to_all",
+    "_combined_qkv_all_to_all",
+    "_combined_gqa_qkv_all_to_all",
+)
 
 
 def rank_inputs(shapes, seed):
@@ -84,7 +88,8 @@ def compare_usp(label, f_ours, f_theirs, inverse, shapes, seed):
     sum((o * w).sum() for o, w in zip(got, weights)).backward()
     for i, (leaf, w) in enumerate(zip(leaves, weights)):
         assert adapters.same_bits(leaf.grad, inverse(w)), (
-            f"{label}: input {i}'s gradient differs from xDiT's reverse all-to-all")
+            f"{label}: input {i}'s gradient differs from xDiT's reverse all-to-all"
+        )
 
 
 def usp_module(pg, P):
@@ -98,20 +103,32 @@ def usp_module(pg, P):
 def usp_cases(P):
     """(our function, xDiT's name, input shapes (b, h, s, d), label, xDiT's reverse)."""
     seq_in, head_in = (2, 2 * P, 3, 8), (2, 2, 3 * P, 8)
-    return [(ours_xfuser.input_all_to_all, NAMES[0], [seq_in], "input", NAMES[1]),
-            (ours_xfuser.output_all_to_all, NAMES[1], [head_in], "output", NAMES[0]),
-            (ours_xfuser.combined_qkv_all_to_all, NAMES[2], [seq_in] * 4, "combined qkv + 1",
-             NAMES[1]),
-            (ours_xfuser.combined_gqa_qkv_all_to_all, NAMES[3],
-             [(2, 4 * P, 3, 8), seq_in, seq_in], "combined GQA qkv", NAMES[1])]
+    return [
+        (ours_xfuser.input_all_to_all, NAMES[0], [seq_in], "input", NAMES[1]),
+        (ours_xfuser.output_all_to_all, NAMES[1], [head_in], "output", NAMES[0]),
+        (ours_xfuser.combined_qkv_all_to_all, NAMES[2], [seq_in] * 4, "combined qkv + 1", NAMES[1]),
+        (
+            ours_xfuser.combined_gqa_qkv_all_to_all,
+            NAMES[3],
+            [(2, 4 * P, 3, 8), seq_in, seq_in],
+            "combined GQA qkv",
+            NAMES[1],
+        ),
+    ]
 
 
 def check_usp(pg, P):
     usp = usp_module(pg, P)
     for n, (mine, name, shapes, label, reverse) in enumerate(usp_cases(P)):
         theirs, inverse = getattr(usp, name), getattr(usp, reverse)
-        compare_usp(f"{label} ({name}), group passed", lambda *x: mine(*x, group=pg), theirs,
-                    inverse, shapes, 40 + n)
+        compare_usp(
+            f"{label} ({name}), group passed",
+            lambda *x: mine(*x, group=pg),
+            theirs,
+            inverse,
+            shapes,
+            40 + n,
+        )
         compare_usp(f"{label} ({name}), xDiT's group", mine, theirs, inverse, shapes, 50 + n)
 
 
@@ -124,9 +141,14 @@ def check_patch(pg, P):
             assert f"{USP}.{name}" in patched, f"{name} not rebound: {patched}"
         assert usp._ft_c_input_all_to_all is ours_xfuser.input_all_to_all
         for n, (_, name, shapes, label, reverse) in enumerate(usp_cases(P)):
-            compare_usp(f"{label} through the USP module after patch_xfuser()",
-                        lambda *x, name=name: getattr(usp, name)(*x), theirs[name],
-                        theirs[reverse], shapes, 60 + n)
+            compare_usp(
+                f"{label} through the USP module after patch_xfuser()",
+                lambda *x, name=name: getattr(usp, name)(*x),
+                theirs[name],
+                theirs[reverse],
+                shapes,
+                60 + n,
+            )
     finally:
         restored = ours_xfuser.unpatch_xfuser()
     assert sorted(restored) == sorted(patched), (restored, patched)
@@ -135,28 +157,42 @@ def check_patch(pg, P):
 
 
 def check_fastvideo(pg, P):
-    comm = upstream.load("fastvideo",
-                         "fastvideo.distributed.device_communicators.base_device_communicator")
+    comm = upstream.load(
+        "fastvideo", "fastvideo.distributed.device_communicators.base_device_communicator"
+    )
     communicator = comm.DeviceCommunicatorBase(pg, device_group=pg)
     for n, (pair, shape) in enumerate((((2, 1), (2, 3, 2 * P, 8)), ((1, 2), (2, 3 * P, 2, 8)))):
         mine = lambda x, pair=pair: ours_fastvideo.all_to_all_4D(x, *pair, group=pg)  # noqa: E731
-        compare_many(f"all_to_all_4D{pair} against DistributedAutograd.AllToAll4D", mine,
-                     lambda x, pair=pair: comm.DistributedAutograd.AllToAll4D.apply(pg, x, P,
-                                                                                    *pair),
-                     [shape], 70 + n)
-        compare_many(f"all_to_all_4D{pair} against DeviceCommunicatorBase.all_to_all_4D", mine,
-                     lambda x, pair=pair: communicator.all_to_all_4D(x, *pair), [shape], 80 + n)
+        compare_many(
+            f"all_to_all_4D{pair} against DistributedAutograd.AllToAll4D",
+            mine,
+            lambda x, pair=pair: comm.DistributedAutograd.AllToAll4D.apply(pg, x, P, *pair),
+            [shape],
+            70 + n,
+        )
+        compare_many(
+            f"all_to_all_4D{pair} against DeviceCommunicatorBase.all_to_all_4D",
+            mine,
+            lambda x, pair=pair: communicator.all_to_all_4D(x, *pair),
+            [shape],
+            80 + n,
+        )
 
 
 # framework -> its checks (name, function)
-CHECKS = {"xfuser": (("xfuser_usp", check_usp), ("xfuser_patch", check_patch)),
-          "fastvideo": (("fastvideo", check_fastvideo),)}
+CHECKS = {
+    "xfuser": (("xfuser_usp", check_usp), ("xfuser_patch", check_patch)),
+    "fastvideo": (("fastvideo", check_fastvideo),),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--frameworks", default=",".join(CHECKS),
-                        help=f"comma-separated, of {', '.join(CHECKS)} (default: all)")
+    parser.add_argument(
+        "--frameworks",
+        default=",".join(CHECKS),
+        help=f"comma-separated, of {', '.join(CHECKS)} (default: all)",
+    )
     frameworks = [f for f in parser.parse_args().frameworks.split(",") if f]
     unknown = [f for f in frameworks if f not in CHECKS]
     if unknown:
@@ -174,8 +210,12 @@ def main() -> int:
 
 def check_names(world: int) -> list[tuple[str, str]]:
     """(framework, check name) of every check at every P."""
-    return [(framework, f"{name}_P{P}") for P in subgroup_sizes(world, False)
-            for framework, checks in CHECKS.items() for name, _ in checks]
+    return [
+        (framework, f"{name}_P{P}")
+        for P in subgroup_sizes(world, False)
+        for framework, checks in CHECKS.items()
+        for name, _ in checks
+    ]
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ def run_attention(case, ctx, x: torch.Tensor) -> dict:
     kw = case.kwargs()
     plain = UlyssesAttention(ctx.fast, tags=TAGS)
     pipelined = UlyssesAttention(ctx.fast, tags=TAGS, pipeline=G)
-    out = {"pipeline": G, "plain_ms": None, "pipelined_ms": None, "max_abs_diff": None,
-           "error": None}
+    out = {
+        "pipeline": G,
+        "plain_ms": None,
+        "pipelined_ms": None,
+        "max_abs_diff": None,
+        "error": None,
+    }
     error = None
     with torch.no_grad():
         try:

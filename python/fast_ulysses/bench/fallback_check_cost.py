@@ -92,8 +92,12 @@ def free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq", type=int, default=WAN_SEQ,
-                        help=f"rows per rank of the Wan-shaped call (Wan 720p: {WAN_SEQ})")
+    parser.add_argument(
+        "--seq",
+        type=int,
+        default=WAN_SEQ,
+        help=f"rows per rank of the Wan-shaped call (Wan 720p: {WAN_SEQ})",
+    )
     parser.add_argument("--reps", type=int, default=7, help="timed Wan calls per setting")
     parser.add_argument("--tiny-reps", type=int, default=400, help="timed tiny calls per setting")
     parser.add_argument("--json", type=Path, help="also write the record here")
@@ -114,36 +118,57 @@ def main() -> None:
     share = check_ms / wan["check_off"]
     measured_share = (wan["check_on"] - wan["check_off"]) / wan["check_off"]
     spread = {name: (min(t) * 1e3, max(t) * 1e3) for name, t in raw["wan"].items()}
-    note = ("Wan 720p shape" if args.seq == WAN_SEQ else
-            f"a shorter sequence than Wan 720p's {WAN_SEQ} rows per rank (--seq {args.seq})")
+    note = (
+        "Wan 720p shape"
+        if args.seq == WAN_SEQ
+        else f"a shorter sequence than Wan 720p's {WAN_SEQ} rows per rank (--seq {args.seq})"
+    )
     result = {
         "what": "TorchUlyssesGroup call check (FAST_ULYSSES_CHECK_CALLS) on gloo, 2 CPU ranks "
-                "of one machine; rank 0's wall-clock time per call after a barrier, median",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "torch": torch.__version__, "threads_per_rank": 1},
-        "P": P, "mode": 0, "layout": "bshd", "dtype": "bfloat16", "shape_per_rank": shape,
+        "of one machine; rank 0's wall-clock time per call after a barrier, median",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads_per_rank": 1,
+        },
+        "P": P,
+        "mode": 0,
+        "layout": "bshd",
+        "dtype": "bfloat16",
+        "shape_per_rank": shape,
         "shape_note": note,
         "bytes_per_rank": args.seq * HEADS * HEAD_DIM * 2,
-        "reps": args.reps, "tiny_reps": args.tiny_reps,
-        "wan_median_ms": wan, "tiny_median_ms": tiny,
+        "reps": args.reps,
+        "tiny_reps": args.tiny_reps,
+        "wan_median_ms": wan,
+        "tiny_median_ms": tiny,
         "check_ms": check_ms,
         "check_share_of_wan_call": share,
         "wan_on_minus_off_share": measured_share,
         "wan_range_ms": {name: [lo, hi] for name, (lo, hi) in spread.items()},
-        "raw_ms": {kind: {name: [t * 1e3 for t in times] for name, times in runs.items()}
-                   for kind, runs in raw.items()},
+        "raw_ms": {
+            kind: {name: [t * 1e3 for t in times] for name, times in runs.items()}
+            for kind, runs in raw.items()
+        },
     }
-    rows = [("Wan-shaped call " + str(tuple(shape)), wan["check_on"], wan["check_off"]),
-            ("tiny call (1, 1, 2, 8)", tiny["check_on"], tiny["check_off"])]
+    rows = [
+        ("Wan-shaped call " + str(tuple(shape)), wan["check_on"], wan["check_off"]),
+        ("tiny call (1, 1, 2, 8)", tiny["check_on"], tiny["check_off"]),
+    ]
     print(f"TorchUlyssesGroup call check, gloo, P={P}, bf16 mode 0 ({note}); medians, rank 0")
     print(f"{'call':<40} {'check on ms':>12} {'check off ms':>13} {'on - off ms':>12}")
     for name, on, off in rows:
         print(f"{name:<40} {on:>12.3f} {off:>13.3f} {on - off:>12.3f}")
-    print(f"the check alone (tiny on - off): {check_ms:.3f} ms = {100 * share:.3f}% of the "
-          f"Wan-shaped call ({wan['check_off']:.1f} ms with the check off)")
-    print(f"the Wan-shaped call's own on - off: {100 * measured_share:+.2f}%; its range over "
-          f"{args.reps} repetitions: on {spread['check_on'][0]:.1f}-{spread['check_on'][1]:.1f} "
-          f"ms, off {spread['check_off'][0]:.1f}-{spread['check_off'][1]:.1f} ms")
+    print(
+        f"the check alone (tiny on - off): {check_ms:.3f} ms = {100 * share:.3f}% of the "
+        f"Wan-shaped call ({wan['check_off']:.1f} ms with the check off)"
+    )
+    print(
+        f"the Wan-shaped call's own on - off: {100 * measured_share:+.2f}%; its range over "
+        f"{args.reps} repetitions: on {spread['check_on'][0]:.1f}-{spread['check_on'][1]:.1f} "
+        f"ms, off {spread['check_off'][0]:.1f}-{spread['check_off'][1]:.1f} ms"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -35,8 +35,18 @@ def time_ms(fn, iters=20, warmup=3) -> float:
 
 
 def copy2d(rt, dst, dpitch, src, spitch, width, height, stream):
-    _check(rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
-                                rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream))
+    _check(
+        rt.cudaMemcpy2DAsync(
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+            rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
+            stream,
+        )
+    )
 
 
 def row_width_sweep(rt, src, dst, stream) -> list[dict]:
@@ -44,11 +54,19 @@ def row_width_sweep(rt, src, dst, stream) -> list[dict]:
     for width in (256, 512, 1024, 1280, 2048, 4096, 8192, 16384):
         pitch = 8 * width  # 8 ranks' chunks interleaved in every source row
         height = TOTAL // pitch  # one peer's chunk: TOTAL / 8 bytes
-        ms = time_ms(lambda: copy2d(rt, dst.data_ptr(), width, src.data_ptr(), pitch, width,
-                                    height, stream))
+        ms = time_ms(
+            lambda: copy2d(rt, dst.data_ptr(), width, src.data_ptr(), pitch, width, height, stream)
+        )
         nbytes = width * height
-        out.append({"row_bytes": width, "rows": height, "bytes": nbytes, "ms": ms,
-                    "GBps_read_plus_write": 2 * nbytes / ms / 1e6})
+        out.append(
+            {
+                "row_bytes": width,
+                "rows": height,
+                "bytes": nbytes,
+                "ms": ms,
+                "GBps_read_plus_write": 2 * nbytes / ms / 1e6,
+            }
+        )
     return out
 
 
@@ -61,11 +79,26 @@ def pieces_sweep(rt, src, dst, stream) -> list[dict]:
 
         def run():
             for k in range(pieces):
-                copy2d(rt, dst.data_ptr() + k * per * width, width,
-                       src.data_ptr() + k * per * pitch, pitch, width, per, stream)
+                copy2d(
+                    rt,
+                    dst.data_ptr() + k * per * width,
+                    width,
+                    src.data_ptr() + k * per * pitch,
+                    pitch,
+                    width,
+                    per,
+                    stream,
+                )
+
         ms = time_ms(run)
-        out.append({"pieces": pieces, "bytes": per * pieces * width, "ms": ms,
-                    "GBps_read_plus_write": 2 * per * pieces * width / ms / 1e6})
+        out.append(
+            {
+                "pieces": pieces,
+                "bytes": per * pieces * width,
+                "ms": ms,
+                "GBps_read_plus_write": 2 * per * pieces * width / ms / 1e6,
+            }
+        )
     return out
 
 
@@ -77,7 +110,8 @@ def issue_cost(rt, src, dst, stream, n=2000) -> dict:
         return host_us(fn, n)
 
     results["cudaMemcpy2DAsync_us"] = measure(
-        lambda: copy2d(rt, dst.data_ptr(), width, src.data_ptr(), pitch, width, height, stream))
+        lambda: copy2d(rt, dst.data_ptr(), width, src.data_ptr(), pitch, width, height, stream)
+    )
     try:
         p = rt.cudaMemcpy3DParms()
         p.srcPtr = rt.make_cudaPitchedPtr(src.data_ptr(), pitch, width, height)
@@ -100,8 +134,12 @@ def batch_cost(rt, src, dst, stream, measure):
         srcs = [src.data_ptr() + i * size for i in range(count)]
         attrs = rt.cudaMemcpyAttributes()
         attrs.srcAccessOrder = rt.cudaMemcpySrcAccessOrder.cudaMemcpySrcAccessOrderStream
-        call = lambda: _check(rt.cudaMemcpyBatchAsync(  # noqa: E731
-            dsts, srcs, [size] * count, count, [attrs], [0], 1, stream))
+
+        def call():
+            return _check(
+                rt.cudaMemcpyBatchAsync(dsts, srcs, [size] * count, count, [attrs], [0], 1, stream)
+            )
+
         call()
         return measure(call) / count
     except Exception as error:  # noqa: BLE001
@@ -115,8 +153,9 @@ def main() -> None:
     try:
         from cuda.bindings import runtime as rt
     except ImportError as error:
-        raise SystemExit("micro_copy needs cuda-bindings (pip install 'fast-ulysses[micro]'): "
-                         f"{error}") from None
+        raise SystemExit(
+            f"micro_copy needs cuda-bindings (pip install 'fast-ulysses[micro]'): {error}"
+        ) from None
     if not torch.cuda.is_available():
         raise SystemExit("micro_copy needs a CUDA GPU: none is visible; nothing measured")
     src = torch.randint(0, 255, (TOTAL,), dtype=torch.uint8, device="cuda")
@@ -135,15 +174,21 @@ def main() -> None:
 
 
 def measure_all(rt, src, dst, stream) -> dict:
-    results = {"gpu": torch.cuda.get_device_name(), "same_device": True,
-               "stream": "a non-default torch stream; device times measured behind a spin "
-                         "kernel (host issue excluded)",
-               "row_width": row_width_sweep(rt, src, dst, stream),
-               "pieces": pieces_sweep(rt, src, dst, stream),
-               "issue_cost": issue_cost(rt, src, dst, stream)}
+    results = {
+        "gpu": torch.cuda.get_device_name(),
+        "same_device": True,
+        "stream": "a non-default torch stream; device times measured behind a spin "
+        "kernel (host issue excluded)",
+        "row_width": row_width_sweep(rt, src, dst, stream),
+        "pieces": pieces_sweep(rt, src, dst, stream),
+        "issue_cost": issue_cost(rt, src, dst, stream),
+    }
     plain = time_ms(lambda: dst.copy_(src))
-    results["plain_1d_copy"] = {"bytes": TOTAL, "ms": plain, "GBps_read_plus_write":
-                                2 * TOTAL / plain / 1e6}
+    results["plain_1d_copy"] = {
+        "bytes": TOTAL,
+        "ms": plain,
+        "GBps_read_plus_write": 2 * TOTAL / plain / 1e6,
+    }
     return results
 
 
@@ -151,7 +196,9 @@ def print_results(results: dict) -> None:
     print(f"same-device copies on {results['gpu']} (SM kernels, not copy engines)")
     print("row bytes   rows      ms    GB/s (r+w)")
     for r in results["row_width"]:
-        print(f"{r['row_bytes']:>9} {r['rows']:>7} {r['ms']:>7.3f} {r['GBps_read_plus_write']:>9.0f}")
+        print(
+            f"{r['row_bytes']:>9} {r['rows']:>7} {r['ms']:>7.3f} {r['GBps_read_plus_write']:>9.0f}"
+        )
     print("pieces   ms    GB/s (r+w)   [1280 B rows, 10240 B pitch]")
     for r in results["pieces"]:
         print(f"{r['pieces']:>6} {r['ms']:>6.3f} {r['GBps_read_plus_write']:>9.0f}")

@@ -40,8 +40,9 @@ import fast_ulysses as fu
 from fast_ulysses.presets import even_splits
 
 
-def measure(call, iters: int, warmup: int, after_warmup=lambda: None,
-            staggered: bool = False) -> tuple[float, float]:
+def measure(
+    call, iters: int, warmup: int, after_warmup=lambda: None, staggered: bool = False
+) -> tuple[float, float]:
     """Median device ms and host us per call over 5 runs of `iters` calls (device ms is NaN
     when staggered: see the module's docstring)."""
     for _ in range(warmup):
@@ -90,8 +91,12 @@ def first_calls(group, x, kw, profiling: bool, calls: int = 5) -> dict:
     dist.all_reduce(median, op=dist.ReduceOp.MAX)
     fewest = torch.tensor([group.stats().get("graph_calls", 0) - launched], dtype=torch.int64)
     dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
-    return {"host_us_per_call": median.item(), "ms_per_call": float("nan"), "calls": calls,
-            "graph_calls_fewest_rank": int(fewest.item())}
+    return {
+        "host_us_per_call": median.item(),
+        "ms_per_call": float("nan"),
+        "calls": calls,
+        "graph_calls_fewest_rank": int(fewest.item()),
+    }
 
 
 def _wait(t):
@@ -103,8 +108,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shared-gpu", action="store_true")
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--staggered", action="store_true",
-                        help="time each rank's host issue while the other ranks wait")
+    parser.add_argument(
+        "--staggered",
+        action="store_true",
+        help="time each rank's host issue while the other ranks wait",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     dist.init_process_group("gloo" if args.shared_gpu else "nccl")
@@ -122,22 +130,24 @@ def main() -> None:
     reset = (lambda: group._host_profile()) if profiling else (lambda: None)
     results = {}
     for name, call in (
-            ("copy", lambda: _wait(group.all_to_all_single_4d(x, 0, "q", **kw))),
-            ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
-            ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True,
-                                       rank)),
-            ("dispatch-only", lambda: check_device(group.group_name, x))):
+        ("copy", lambda: _wait(group.all_to_all_single_4d(x, 0, "q", **kw))),
+        ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
+        ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True, rank)),
+        ("dispatch-only", lambda: check_device(group.group_name, x)),
+    ):
         launched = group.stats().get("graph_calls", 0)  # (older trees have no such count)
-        ms, us = measure(call, args.iters, warmup=3, after_warmup=reset,
-                         staggered=args.staggered)
+        ms, us = measure(call, args.iters, warmup=3, after_warmup=reset, staggered=args.staggered)
         launched = group.stats().get("graph_calls", 0) - launched
         stats = torch.tensor([ms, us], dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         fewest = torch.tensor([launched], dtype=torch.int64)
         dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
-        results[name] = {"ms_per_call": stats[0].item(), "host_us_per_call": stats[1].item(),
-                         "calls": 3 + 5 * args.iters,  # warm-up and timed, per rank
-                         "graph_calls_fewest_rank": int(fewest.item())}
+        results[name] = {
+            "ms_per_call": stats[0].item(),
+            "host_us_per_call": stats[1].item(),
+            "calls": 3 + 5 * args.iters,  # warm-up and timed, per rank
+            "graph_calls_fewest_rank": int(fewest.item()),
+        }
         if profiling:
             stages = group._host_profile()["us_per_call"]
             t = torch.tensor(list(stages.values()), dtype=torch.float64)
@@ -152,29 +162,47 @@ def main() -> None:
         if args.staggered:
             label += "; staggered: each rank's issue timed alone, device time not measured"
         flags = "two per 64-bit operation" if wide else "one per 32-bit operation"
-        print(f"Wan 720p mode 0, P={P}, {label}; {sent / 1e6:.1f} MB in per rank; "
-              f"handshake flags {flags}")
+        print(
+            f"Wan 720p mode 0, P={P}, {label}; {sent / 1e6:.1f} MB in per rank; "
+            f"handshake flags {flags}"
+        )
         for name, r in results.items():
             ms = r["ms_per_call"]
-            device = "n/a ms/call" if math.isnan(ms) else \
-                f"{ms:.3f} ms/call (slowest rank), {sent / ms / 1e6:.0f} GB/s per rank"
-            print(f"  {name:11s} {r['host_us_per_call']:.1f} us host CPU/call, {device}; "
-                  f"{r['graph_calls_fewest_rank']} of {r['calls']} calls launched from cached "
-                  "graphs (fewest on any rank)")
+            device = (
+                "n/a ms/call"
+                if math.isnan(ms)
+                else f"{ms:.3f} ms/call (slowest rank), {sent / ms / 1e6:.0f} GB/s per rank"
+            )
+            print(
+                f"  {name:11s} {r['host_us_per_call']:.1f} us host CPU/call, {device}; "
+                f"{r['graph_calls_fewest_rank']} of {r['calls']} calls launched from cached "
+                "graphs (fewest on any rank)"
+            )
             if "host_us_by_stage" in r and name != "dispatch-only":
                 staged = sum(r["host_us_by_stage"].values())
-                print("            host us by stage: " + ", ".join(
-                    f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items()) +
-                    f"; outside the stages {r['host_us_per_call'] - staged:.1f} (slowest "
-                    "rank's call less each stage's largest mean: an estimate)")
+                print(
+                    "            host us by stage: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in r["host_us_by_stage"].items())
+                    + f"; outside the stages {r['host_us_per_call'] - staged:.1f} (slowest "
+                    "rank's call less each stage's largest mean: an estimate)"
+                )
         if args.json:
             for r in results.values():
                 if math.isnan(r["ms_per_call"]):
                     r["ms_per_call"] = None
             with open(args.json, "w") as f:
-                json.dump({"world_size": P, "shared_gpu": args.shared_gpu,
-                           "staggered": args.staggered, "wide_flags": bool(wide),
-                           "bytes_in_per_rank": sent, **results}, f, indent=2)
+                json.dump(
+                    {
+                        "world_size": P,
+                        "shared_gpu": args.shared_gpu,
+                        "staggered": args.staggered,
+                        "wide_flags": bool(wide),
+                        "bytes_in_per_rank": sent,
+                        **results,
+                    },
+                    f,
+                    indent=2,
+                )
     dist.destroy_process_group()
 
 

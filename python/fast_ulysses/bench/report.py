@@ -39,8 +39,10 @@ def overlap_text(o: dict | None) -> str:
     if o.get("runs"):
         text += f" [{_pct(o['hidden_min'])}, {_pct(o['hidden_max'])} over {len(o['runs'])}]"
     chain = f"{o['gemms']} x {o['gemm_size']} GEMMs " if "gemms" in o else ""
-    return (text + f" (chain: {chain}{o['gemm_ms']:.3f} ms, coll {o['collective_ms']:.3f}, "
-            f"both {o['both_ms']:.3f})")
+    return (
+        text + f" (chain: {chain}{o['gemm_ms']:.3f} ms, coll {o['collective_ms']:.3f}, "
+        f"both {o['both_ms']:.3f})"
+    )
 
 
 def graph_rows(r: dict) -> list[tuple]:
@@ -60,8 +62,12 @@ def transfer_cells(r: dict, world_size: int) -> list[str]:
     if world_size == 1:
         return [f"{NA}: no peers at P = 1", NA, NA, NA]
     ms = max(r["fast_copy_ms"] - r["own_share_ms"], 0.0)
-    return [_ms(ms), _gbps(r.get("peer_bytes", r["bytes_in"]), ms),
-            _ratio(r.get("baseline_ms"), ms), NA]
+    return [
+        _ms(ms),
+        _gbps(r.get("peer_bytes", r["bytes_in"]), ms),
+        _ratio(r.get("baseline_ms"), ms),
+        NA,
+    ]
 
 
 def attention_rows(label: str, a: dict | None) -> list[list[str]]:
@@ -74,9 +80,17 @@ def attention_rows(label: str, a: dict | None) -> list[list[str]]:
         return [[label, name, f"{NA}: {a['error'][:ERROR_CHARS]}", "", "", ""]]
     plain, piped = a["plain_ms"], a["pipelined_ms"]
     cost = NA if not plain or piped is None else f"{piped / plain:.2f}x plain's time"
-    return [[label, "UlyssesAttention pipeline=1 (forward, no grad)", _ms(plain), NA,
-             "1.00x plain's time", NA],
-            [label, f"{name}, max |diff| {a['max_abs_diff']:.3g}", _ms(piped), NA, cost, NA]]
+    return [
+        [
+            label,
+            "UlyssesAttention pipeline=1 (forward, no grad)",
+            _ms(plain),
+            NA,
+            "1.00x plain's time",
+            NA,
+        ],
+        [label, f"{name}, max |diff| {a['max_abs_diff']:.3g}", _ms(piped), NA, cost, NA],
+    ]
 
 
 def rows(results: dict) -> list[list[str]]:
@@ -98,29 +112,62 @@ def rows(results: dict) -> list[list[str]]:
             ("  own-share relayout (torch copy_)", r["own_share_ms"], None),
         ]
         for name, ms, host in variants:
-            out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
-                        NA if host is None else f"{host:.1f}"])
-        out.append([label, "  transfer = copy - own share (derived)", *transfer_cells(
-            r, results["machine"]["world_size"])])
+            out.append(
+                [
+                    label,
+                    name,
+                    _ms(ms),
+                    _gbps(r["bytes_in"], ms),
+                    _ratio(base, ms),
+                    NA if host is None else f"{host:.1f}",
+                ]
+            )
+        out.append(
+            [
+                label,
+                "  transfer = copy - own share (derived)",
+                *transfer_cells(r, results["machine"]["world_size"]),
+            ]
+        )
         for name, ms, host, error in graph_rows(r):
             if error is not None:
                 out.append([label, name, f"{NA}: {error[:ERROR_CHARS]}", "", "", ""])
                 continue
-            out.append([label, name, _ms(ms), _gbps(r["bytes_in"], ms), _ratio(base, ms),
-                        NA if host is None else f"{host:.1f}"])
+            out.append(
+                [
+                    label,
+                    name,
+                    _ms(ms),
+                    _gbps(r["bytes_in"], ms),
+                    _ratio(base, ms),
+                    NA if host is None else f"{host:.1f}",
+                ]
+            )
         f = r.get("fused")
         if f is not None:
             style = f"{f['norm']}, {f['rope_style']}"
             for name, ms, host in (
-                    (f"fused norm + RoPE scatter ({style}; GB/s: read + write)", f["fused_ms"],
-                     f["fused_host_us"]),
-                    ("  unfused: torch norm + RoPE, then borrowed", f["unfused_ms"], None),
-                    ("  plain borrowed (no norm, no RoPE)", f["plain_borrowed_ms"], None)):
+                (
+                    f"fused norm + RoPE scatter ({style}; GB/s: read + write)",
+                    f["fused_ms"],
+                    f["fused_host_us"],
+                ),
+                ("  unfused: torch norm + RoPE, then borrowed", f["unfused_ms"], None),
+                ("  plain borrowed (no norm, no RoPE)", f["plain_borrowed_ms"], None),
+            ):
                 nbytes = f["bytes_moved"] if name.startswith("fused") else r["bytes_in"]
                 plain = f["plain_borrowed_ms"]
                 cost = NA if not plain or ms is None else f"{ms / plain:.2f}x plain's time"
-                out.append([label, name, _ms(ms), _gbps(nbytes, ms), cost,
-                            NA if host is None else f"{host:.1f}"])
+                out.append(
+                    [
+                        label,
+                        name,
+                        _ms(ms),
+                        _gbps(nbytes, ms),
+                        cost,
+                        NA if host is None else f"{host:.1f}",
+                    ]
+                )
         out.extend(attention_rows(label, r.get("attention")))
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
             out.append([label, f"overlap {name}", overlap_text(r.get(key)), "", "", ""])
@@ -130,8 +177,9 @@ def rows(results: dict) -> list[list[str]]:
 def print_table(results: dict, console: Console | None = None) -> None:
     console = console or Console()
     m = results["machine"]
-    title = (f"fast-ulysses bench: P={m['world_size']} on {m['gpu']}"
-             + (" - ranks share one GPU: not NVLink numbers" if m["shared_gpu"] else ""))
+    title = f"fast-ulysses bench: P={m['world_size']} on {m['gpu']}" + (
+        " - ranks share one GPU: not NVLink numbers" if m["shared_gpu"] else ""
+    )
     table = Table(title=title)
     for column in ("case", "variant", "ms", "GB/s", "vs baseline", "host us/call"):
         table.add_column(column, justify="left" if column in ("case", "variant") else "right")
@@ -152,8 +200,10 @@ def write_json(results: dict, out_dir: str | Path, label: str) -> Path:
     return path
 
 
-PLOT_MISSING = ("no plot: matplotlib is not installed (pip install 'fast-ulysses[plot]'); "
-                "the table and the JSON are written all the same")
+PLOT_MISSING = (
+    "no plot: matplotlib is not installed (pip install 'fast-ulysses[plot]'); "
+    "the table and the JSON are written all the same"
+)
 
 
 def write_plot(results: dict, path: str | Path) -> Path | None:
@@ -175,8 +225,11 @@ def write_plot(results: dict, path: str | Path) -> Path | None:
         r = entry["result"]
         if r.get("baseline_ms") is not None:
             bottom = 0.0
-            for key, color in (("permute_in_ms", "#c44"), ("raw_a2a_ms", "#e88"),
-                               ("permute_out_ms", "#c44")):
+            for key, color in (
+                ("permute_in_ms", "#c44"),
+                ("raw_a2a_ms", "#e88"),
+                ("permute_out_ms", "#c44"),
+            ):
                 ax.bar(i - width, r[key], width, bottom=bottom, color=color)
                 bottom += r[key]
         own = r["own_share_ms"]
@@ -187,15 +240,23 @@ def write_plot(results: dict, path: str | Path) -> Path | None:
     ax.set_xticklabels([f"{e['case']}\nmode {e['mode']}" for e in cases], fontsize=8)
     ax.set_ylabel("ms per call (slowest rank, median)")
     m = results["machine"]
-    ax.set_title(f"P={m['world_size']}, {m['gpu']}"
-                 + (" - ranks share one GPU: not NVLink numbers" if m["shared_gpu"] else ""),
-                 fontsize=9)
+    ax.set_title(
+        f"P={m['world_size']}, {m['gpu']}"
+        + (" - ranks share one GPU: not NVLink numbers" if m["shared_gpu"] else ""),
+        fontsize=9,
+    )
     from matplotlib.patches import Patch
-    ax.legend(handles=[Patch(color="#c44", label="baseline permutes"),
-                       Patch(color="#e88", label="baseline all_to_all_single"),
-                       Patch(color="#48c", label="fast: own share"),
-                       Patch(color="#8ae", label="fast copy: rest (derived)"),
-                       Patch(color="#4a4", label="fast borrowed")], fontsize=7)
+
+    ax.legend(
+        handles=[
+            Patch(color="#c44", label="baseline permutes"),
+            Patch(color="#e88", label="baseline all_to_all_single"),
+            Patch(color="#48c", label="fast: own share"),
+            Patch(color="#8ae", label="fast copy: rest (derived)"),
+            Patch(color="#4a4", label="fast borrowed"),
+        ],
+        fontsize=7,
+    )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -30,9 +30,15 @@ class Case:
     dtype: torch.dtype
 
     def input_shape(self, rank: int, mode: int) -> tuple:  # bshd, from the plan
-        return input_shape(len(self.seq_splits), rank, mode, batch=self.batch,
-                           head_dim=self.head_dim, seq_splits=self.seq_splits,
-                           head_splits=self.head_splits)
+        return input_shape(
+            len(self.seq_splits),
+            rank,
+            mode,
+            batch=self.batch,
+            head_dim=self.head_dim,
+            seq_splits=self.seq_splits,
+            head_splits=self.head_splits,
+        )
 
     def kwargs(self) -> dict:
         return dict(seq_splits=list(self.seq_splits), head_splits=list(self.head_splits))
@@ -61,8 +67,9 @@ class Baseline:
 
     def exchange(self, flat: torch.Tensor) -> torch.Tensor:
         out = torch.empty(sum(self.out_splits), dtype=flat.dtype, device=flat.device)
-        dist.all_to_all_single(out, flat.view(-1), self.out_splits, self.in_splits,
-                               group=self.group)
+        dist.all_to_all_single(
+            out, flat.view(-1), self.out_splits, self.in_splits, group=self.group
+        )
         return out
 
     def permute_out(self, received: torch.Tensor) -> torch.Tensor:
@@ -70,12 +77,16 @@ class Baseline:
         b, d = c.batch, c.head_dim
         if self.mode == 0:  # blocks by source rank: (S rows as [i][b][s_i]) x h x d
             parts = torch.split(received, self.out_splits)
-            views = [p.view(c.head_splits[r], b, c.seq_splits[i], d).permute(1, 2, 0, 3)
-                     for i, p in enumerate(parts)]
+            views = [
+                p.view(c.head_splits[r], b, c.seq_splits[i], d).permute(1, 2, 0, 3)
+                for i, p in enumerate(parts)
+            ]
             return torch.cat(views, dim=1)
         parts = torch.split(received, self.out_splits)  # (s_r, b, h_i, d) per source
-        views = [p.view(c.seq_splits[r], b, c.head_splits[i], d).permute(1, 0, 2, 3)
-                 for i, p in enumerate(parts)]
+        views = [
+            p.view(c.seq_splits[r], b, c.head_splits[i], d).permute(1, 0, 2, 3)
+            for i, p in enumerate(parts)
+        ]
         return torch.cat(views, dim=2)
 
     def full(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,23 +106,24 @@ def own_share_copy(case: Case, mode: int, rank: int, x: torch.Tensor):
     heads0 = sum(case.head_splits[:rank])
     rows0 = sum(case.seq_splits[:rank])
     if mode == 0:
-        src = x[:, :, heads0:heads0 + case.head_splits[rank]]
-        dst = out[:, rows0:rows0 + case.seq_splits[rank]]
+        src = x[:, :, heads0 : heads0 + case.head_splits[rank]]
+        dst = out[:, rows0 : rows0 + case.seq_splits[rank]]
     else:
-        src = x[:, rows0:rows0 + case.seq_splits[rank]]
-        dst = out[:, :, heads0:heads0 + case.head_splits[rank]]
+        src = x[:, rows0 : rows0 + case.seq_splits[rank]]
+        dst = out[:, :, heads0 : heads0 + case.head_splits[rank]]
     return lambda: dst.copy_(src)
 
 
 def gemm_chain(device, size: int, count: int):
     a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
-    w = torch.randn(size, size, dtype=torch.bfloat16, device=device) / size ** 0.5
+    w = torch.randn(size, size, dtype=torch.bfloat16, device=device) / size**0.5
 
     def run():
         y = a
         for _ in range(count):
             y = y @ w
         return y
+
     return run
 
 
@@ -166,8 +178,11 @@ def graph_timing(fn, iters: int, warmup: int) -> dict:
     error = _agreed_error(error)
     if error is not None:
         return {"ms": None, "host_us": None, "error": error}
-    out = {"ms": median_ms(graph.replay, iters, warmup), "host_us": host_us(graph.replay, iters),
-           "error": None}
+    out = {
+        "ms": median_ms(graph.replay, iters, warmup),
+        "host_us": host_us(graph.replay, iters),
+        "error": None,
+    }
     graph.reset()
     return out
 
@@ -206,10 +221,12 @@ def run_case(case: Case, mode: int, ctx) -> dict:
         r["fused"] = run_fused(case, ctx, x)
     if getattr(ctx, "pipeline", 0) and mode == 0:
         from .attention import run_attention
+
         r["attention"] = run_attention(case, ctx, x)
     if ctx.graph:  # own tags: one eager call sizes their windows, then capture and replay
-        g_copy, g_borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}-g",
-                                           case.kwargs())
+        g_copy, g_borrowed = _entry_points(
+            ctx.fast, x, mode, f"{case.name}-{mode}-g", case.kwargs()
+        )
         r["graph_copy"] = graph_timing(g_copy, it, wu)
         r["graph_borrowed"] = graph_timing(g_borrowed, it, wu)
     return r
@@ -221,11 +238,13 @@ def run_baseline(case: Case, mode: int, ctx, x, copy) -> dict:
     permuted = base.permute_in(x)
     received = base.exchange(permuted)
     it, wu = ctx.iters, ctx.warmup
-    r = {"baseline_ms": median_ms(lambda: base.full(x), it, wu),
-         "permute_in_ms": median_ms(lambda: base.permute_in(x), it, wu),
-         "raw_a2a_ms": median_ms(lambda: base.exchange(permuted), it, wu),
-         "permute_out_ms": median_ms(lambda: base.permute_out(received), it, wu),
-         "baseline_host_us": host_us(lambda: base.full(x), it)}
+    r = {
+        "baseline_ms": median_ms(lambda: base.full(x), it, wu),
+        "permute_in_ms": median_ms(lambda: base.permute_in(x), it, wu),
+        "raw_a2a_ms": median_ms(lambda: base.exchange(permuted), it, wu),
+        "permute_out_ms": median_ms(lambda: base.permute_out(received), it, wu),
+        "baseline_host_us": host_us(lambda: base.full(x), it),
+    }
     if ctx.gemms:
         r["baseline_overlap"] = measure_overlap(ctx, lambda: base.full(x))
     # Check, not time: the baseline and the fast path agree bit for bit.
@@ -250,19 +269,34 @@ def run_fused(case: Case, ctx, x: torch.Tensor) -> dict:
     g = torch.Generator(device="cpu").manual_seed(0)
     weight = (torch.rand(n * d if norm == "all_heads" else d, generator=g) + 0.5).to(ctx.device)
     angle = (torch.rand(s, d // 2, generator=g) * 6.28).to(ctx.device)
-    kw = dict(norm_weight=weight, eps=1e-6, cos=angle.cos(), sin=angle.sin(), norm=norm,
-              rope_style=style)
+    kw = dict(
+        norm_weight=weight, eps=1e-6, cos=angle.cos(), sin=angle.sin(), norm=norm, rope_style=style
+    )
     split = case.kwargs()
     tag = f"{case.name}-fused"
-    fused = lambda: qk_norm_rope_all_to_all(ctx.fast, x, tag, borrowed=True, **kw,  # noqa: E731
-                                            **split)
+
+    def fused():
+        return qk_norm_rope_all_to_all(ctx.fast, x, tag, borrowed=True, **kw, **split)
+
     unfused = lambda: ctx.fast.all_to_all_single_4d_borrowed(  # noqa: E731
-        norm_rope_reference(x, rope_style=style, norm=norm,
-                            **{k: kw[k] for k in ("norm_weight", "eps", "cos", "sin")}),
-        0, tag + "-u", **split)
+        norm_rope_reference(
+            x,
+            rope_style=style,
+            norm=norm,
+            **{k: kw[k] for k in ("norm_weight", "eps", "cos", "sin")},
+        ),
+        0,
+        tag + "-u",
+        **split,
+    )
     plain = lambda: ctx.fast.all_to_all_single_4d_borrowed(x, 0, tag + "-p", **split)  # noqa: E731
     it, wu = ctx.iters, ctx.warmup
-    return {"norm": norm, "rope_style": style,
-            "fused_ms": median_ms(fused, it, wu), "unfused_ms": median_ms(unfused, it, wu),
-            "plain_borrowed_ms": median_ms(plain, it, wu), "fused_host_us": host_us(fused, it),
-            "bytes_moved": 2 * x.numel() * x.element_size()}
+    return {
+        "norm": norm,
+        "rope_style": style,
+        "fused_ms": median_ms(fused, it, wu),
+        "unfused_ms": median_ms(unfused, it, wu),
+        "plain_borrowed_ms": median_ms(plain, it, wu),
+        "fused_host_us": host_us(fused, it),
+        "bytes_moved": 2 * x.numel() * x.element_size(),
+    }

@@ -56,8 +56,10 @@ def median_ms(fn: Callable[[], object], iters: int, warmup: int) -> float:
         fn()
     torch.cuda.synchronize()
     issue = _issue_ms(fn, 3)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(iters)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
     hold_device(hold_ms(issue, iters))
     for start, stop in events:
         start.record()
@@ -116,11 +118,13 @@ def on_side(collective: Callable[[], object]) -> Callable[[], None]:
         with torch.cuda.stream(side):
             collective()
         main.wait_stream(side)
+
     return run
 
 
-def overlap_once(gemms: Callable[[], object], collective: Callable[[], object], iters: int,
-                 warmup: int) -> dict:
+def overlap_once(
+    gemms: Callable[[], object], collective: Callable[[], object], iters: int, warmup: int
+) -> dict:
     """GEMM chain on the current stream with the collective on a side stream beside it.
     hidden = (t_gemm + t_coll - t_both) / t_coll, not clipped: below 0 the collective slowed
     the GEMMs by more than its own time (SMs taken); a little above 1 is noise."""
@@ -145,18 +149,27 @@ def summarize_overlap(runs: list[dict]) -> dict:
     """Repeated overlap_once results: the median of each time, hidden's median (`hidden`) and
     spread (`hidden_min`, `hidden_max`), and every run."""
     hidden = spread([r["hidden"] for r in runs])
-    out = {key: spread([r[key] for r in runs])["median"]
-           for key in ("gemm_ms", "collective_ms", "both_ms")}
-    out.update(hidden=hidden["median"], hidden_min=hidden["min"], hidden_max=hidden["max"],
-               runs=runs)
+    out = {
+        key: spread([r[key] for r in runs])["median"]
+        for key in ("gemm_ms", "collective_ms", "both_ms")
+    }
+    out.update(
+        hidden=hidden["median"], hidden_min=hidden["min"], hidden_max=hidden["max"], runs=runs
+    )
     return out
 
 
-def overlap(gemms: Callable[[], object], collective: Callable[[], object], iters: int,
-            warmup: int, repeats: int = 1) -> dict:
+def overlap(
+    gemms: Callable[[], object],
+    collective: Callable[[], object],
+    iters: int,
+    warmup: int,
+    repeats: int = 1,
+) -> dict:
     """overlap_once `repeats` times (GEMM noise moves `hidden` between runs), summarized."""
-    return summarize_overlap([overlap_once(gemms, collective, iters, warmup)
-                              for _ in range(max(repeats, 1))])
+    return summarize_overlap(
+        [overlap_once(gemms, collective, iters, warmup) for _ in range(max(repeats, 1))]
+    )
 
 
 def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:

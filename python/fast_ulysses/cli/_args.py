@@ -38,10 +38,16 @@ def integer(example: int | str, minimum: int | None = None, maximum: int | None 
         if why:
             raise argparse.ArgumentTypeError(f"{_shown(text)} {why} (e.g. {example})")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            rule = (f">= {minimum}" if maximum is None else f"<= {maximum}" if minimum is None
-                    else f"in [{minimum}, {maximum}]")
+            rule = (
+                f">= {minimum}"
+                if maximum is None
+                else f"<= {maximum}"
+                if minimum is None
+                else f"in [{minimum}, {maximum}]"
+            )
             raise argparse.ArgumentTypeError(
-                f"{_shown(text)} is out of range: it must be {rule} (e.g. {example})")
+                f"{_shown(text)} is out of range: it must be {rule} (e.g. {example})"
+            )
         return value
 
     parse.__name__ = "integer"  # (argparse's fallback message names the type)
@@ -59,9 +65,11 @@ def integers(text: str, example: str = "1,9450,40,128") -> list[int]:
         if why:
             raise argparse.ArgumentTypeError(
                 f"{_shown(text)}: {_shown(v.strip())} {why} (give comma-separated integers, "
-                f"e.g. {example})")
+                f"e.g. {example})"
+            )
         values.append(value)
     if not values:  # an empty --seq-splits "" would otherwise read as "not given"
         raise argparse.ArgumentTypeError(
-            f"{_shown(text)} holds no integer (give comma-separated integers, e.g. {example})")
+            f"{_shown(text)} holds no integer (give comma-separated integers, e.g. {example})"
+        )
     return values

@@ -27,16 +27,23 @@ WATCHED_PREFIXES = ("FAST_ULYSSES_", "TORCH_SYMM_MEM_")
 
 def add_parser(subparsers) -> None:
     """Adds `doctor [--json]` to the `fast-ulysses` subcommands."""
-    p = subparsers.add_parser("doctor", help="check GPUs, links and the fast path's verdict",
-                              description=__doc__, formatter_class=HelpFormatter)
+    p = subparsers.add_parser(
+        "doctor",
+        help="check GPUs, links and the fast path's verdict",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     _arguments(p)
     p.set_defaults(run=run)
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--no-symm-init", action="store_true",
-                   help="do not try a one-rank symmetric-memory rendezvous")
+    p.add_argument(
+        "--no-symm-init",
+        action="store_true",
+        help="do not try a one-rank symmetric-memory rendezvous",
+    )
 
 
 def run(args) -> int:
@@ -84,15 +91,20 @@ def collect(*, symm_init: bool = True) -> dict:
         "symmetric_memory": _symmetric_memory(count, symm_init),
         "cuda_part": {"loaded": not _ops.cuda_load_error, "error": _ops.cuda_load_error},
         "environment": _environment(),
-        "verdict": {"use_fast": use_fast, "reason": reason,
-                    "group": f"one rank per visible GPU ({count})" if count else "one CPU rank"},
+        "verdict": {
+            "use_fast": use_fast,
+            "reason": reason,
+            "group": f"one rank per visible GPU ({count})" if count else "one CPU rank",
+        },
     }
 
 
 def _no_gpu_message(nvml_state: str) -> str:
     driver = "driver found" if nvml_state == "ok" else f"no driver ({nvml_state})"
-    return (f"no GPU: torch.cuda.is_available() is False; {driver}. The fast path needs GPUs; "
-            "make_group would build TorchUlyssesGroup.")
+    return (
+        f"no GPU: torch.cuda.is_available() is False; {driver}. The fast path needs GPUs; "
+        "make_group would build TorchUlyssesGroup."
+    )
 
 
 def _versions(nvml: topology_probe.Nvml) -> dict:
@@ -107,14 +119,17 @@ def _versions(nvml: topology_probe.Nvml) -> dict:
         "built_for_cuda": _build_info.TORCH_CUDA_VERSION or "none (CPU-only torch)",
         "built_cuda_toolkit": _build_info.CUDA_TOOLKIT_VERSION,
         "built_cuda_archs": ",".join(f"sm{a}" for a in _build_info.CUDA_ARCHS.split(","))
-                            + ("" if _build_info.DEVICE_CODE else " (no device code)"),
+        + ("" if _build_info.DEVICE_CODE else " (no device code)"),
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda or "none (CPU-only torch)",
         "driver": nvml.driver_version() or no_driver,
         "driver_cuda": nvml.cuda_driver_version() or no_driver,
         "nccl": _nccl_version() or "none (torch has no NCCL)",
-        "nvshmem": (_dist_version("nvidia-nvshmem-cu13") or _dist_version("nvidia-nvshmem-cu12")
-                    or "none (no nvidia-nvshmem package)"),
+        "nvshmem": (
+            _dist_version("nvidia-nvshmem-cu13")
+            or _dist_version("nvidia-nvshmem-cu12")
+            or "none (no nvidia-nvshmem package)"
+        ),
     }
 
 
@@ -136,8 +151,11 @@ def _dist_version(name: str) -> str:
 def _pair_row(topology, p) -> dict:
     a, b = topology.ranks[p.a], topology.ranks[p.b]
     row = dataclasses.asdict(p)
-    row["torch_can_access"] = (topology_probe.torch_can_access(a.pci_bus_id, b.pci_bus_id)
-                               if p.link != "same-device" else True)
+    row["torch_can_access"] = (
+        topology_probe.torch_can_access(a.pci_bus_id, b.pci_bus_id)
+        if p.link != "same-device"
+        else True
+    )
     return row
 
 
@@ -196,18 +214,28 @@ def render(report: dict) -> None:
         console.print(_gpu_table(report["gpus"]))
         if report["p2p"]:
             console.print(_p2p_table(report["p2p"]))
-        console.print(f"All visible GPUs as one group span CPU sockets / NUMA nodes: "
-                      f"{_yes_no(report['spans_sockets'])}")
+        console.print(
+            f"All visible GPUs as one group span CPU sockets / NUMA nodes: "
+            f"{_yes_no(report['spans_sockets'])}"
+        )
     console.print(_key_values("Symmetric memory", report["symmetric_memory"]))
     cuda = report["cuda_part"]
-    console.print("CUDA part of the extension: " +
-                  ("loaded" if cuda["loaded"] else f"[red]not loaded[/]: {cuda['error']}"))
-    console.print(_key_values("Environment", {k: "(unset)" if v is None else v
-                                              for k, v in report["environment"].items()}))
+    console.print(
+        "CUDA part of the extension: "
+        + ("loaded" if cuda["loaded"] else f"[red]not loaded[/]: {cuda['error']}")
+    )
+    console.print(
+        _key_values(
+            "Environment",
+            {k: "(unset)" if v is None else v for k, v in report["environment"].items()},
+        )
+    )
     verdict = report["verdict"]
     choice = "UlyssesGroup (fast)" if verdict["use_fast"] else "TorchUlyssesGroup (fallback)"
-    console.print(f"[bold]make_group verdict[/] for {verdict['group']}: [bold]{choice}[/]: "
-                  f"{verdict['reason']}")
+    console.print(
+        f"[bold]make_group verdict[/] for {verdict['group']}: [bold]{choice}[/]: "
+        f"{verdict['reason']}"
+    )
 
 
 def _key_values(title: str, values: dict):
@@ -226,21 +254,33 @@ def _gpu_table(gpus: list[dict]):
     for column in ("index", "name", "PCI bus", "NUMA", "socket", "CPU affinity"):
         table.add_column(column)
     for g in gpus:
-        table.add_row(str(g["gpu_index"]), g["gpu_name"], g["pci_bus_id"],
-                      _text(g["numa_node"]), _text(g["cpu_socket"]), g["cpu_affinity"] or "?")
+        table.add_row(
+            str(g["gpu_index"]),
+            g["gpu_name"],
+            g["pci_bus_id"],
+            _text(g["numa_node"]),
+            _text(g["cpu_socket"]),
+            g["cpu_affinity"] or "?",
+        )
     return table
 
 
 def _p2p_table(pairs: list[dict]):
     from rich.table import Table
 
-    table = Table(title="P2P (NVML where available; torch.cuda.can_device_access_peer)",
-                  title_justify="left")
+    table = Table(
+        title="P2P (NVML where available; torch.cuda.can_device_access_peer)", title_justify="left"
+    )
     for column in ("GPUs", "can map", "link", "PCIe path", "torch can access"):
         table.add_column(column)
     for p in pairs:
-        table.add_row(f"{p['a']} <-> {p['b']}", _yes_no(p["can_map"]), p["link"],
-                      p["pcie_path"] or "?", _yes_no(p["torch_can_access"]))
+        table.add_row(
+            f"{p['a']} <-> {p['b']}",
+            _yes_no(p["can_map"]),
+            p["link"],
+            p["pcie_path"] or "?",
+            _yes_no(p["torch_can_access"]),
+        )
     return table
 
 
@@ -254,8 +294,9 @@ def _text(value) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m fast_ulysses.cli.doctor [--json]`."""
-    parser = argparse.ArgumentParser(prog="fast-ulysses doctor", description=__doc__,
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="fast-ulysses doctor", description=__doc__, formatter_class=HelpFormatter
+    )
     _arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -12,8 +12,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import doctor, plan_cmd
     from ._help import HelpFormatter
 
-    parser = argparse.ArgumentParser(prog="fast-ulysses", description=__doc__,
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="fast-ulysses", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"fast-ulysses {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in (plan_cmd, doctor, bench):

@@ -76,23 +76,39 @@ class DistributedAttention(torch.nn.Module):
     overlap path gives the same values).
     """
 
-    def __init__(self, local_attention, sequence_process_group, scatter_idx: int = 2,
-                 gather_idx: int = 0, sp_stream=None, num_kv_heads: int | None = None):
+    def __init__(
+        self,
+        local_attention,
+        sequence_process_group,
+        scatter_idx: int = 2,
+        gather_idx: int = 0,
+        sp_stream=None,
+        num_kv_heads: int | None = None,
+    ):
         super().__init__()
         for name, idx in (("scatter_idx", scatter_idx), ("gather_idx", gather_idx)):
             if not isinstance(idx, int):
                 raise FastUlyssesError(f"{name}={idx!r}: it must be an int")
         if num_kv_heads is not None and not (isinstance(num_kv_heads, int) and num_kv_heads > 0):
-            raise FastUlyssesError(f"num_kv_heads={num_kv_heads!r}: it must be None or a "
-                                   "positive int")
+            raise FastUlyssesError(
+                f"num_kv_heads={num_kv_heads!r}: it must be None or a positive int"
+            )
         self.local_attn = local_attention
         self.spg = sequence_process_group
         self.scatter_idx, self.gather_idx = scatter_idx, gather_idx
         self.num_kv_heads = num_kv_heads
         self.sp_stream = sp_stream
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                batch_dim_idx: int, rotary_pos_emb=None, *args, **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        batch_dim_idx: int,
+        rotary_pos_emb=None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
         """query, key, value: 4-d, (b, s, h, d) for batch_dim_idx=0 or (s, b, h, d) for 1.
         With scatter_idx >= 2 (the default) these are sequence shards with all heads; with
         scatter_idx < 2 the whole sequence with this rank's heads. Returns the output after
@@ -111,51 +127,72 @@ class DistributedAttention(torch.nn.Module):
             where DeepSpeed's uneven-heads backward fails, in backward).
         """
         if batch_dim_idx not in _LAYOUTS:
-            raise FastUlyssesError(f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 "
-                             "(s, b, h, d)")
+            raise FastUlyssesError(
+                f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 (s, b, h, d)"
+            )
         layout = _LAYOUTS[batch_dim_idx]
         group = group_for(self.spg)
         P = group.world_size
         if not isinstance(key, torch.Tensor) or key.dim() != 4:
-            raise FastUlyssesError(f"key has shape {tuple(getattr(key, 'shape', ()))}: it must be 4-d")
+            raise FastUlyssesError(
+                f"key has shape {tuple(getattr(key, 'shape', ()))}: it must be 4-d"
+            )
         # DeepSpeed's partition basis for all four all-to-alls.
         kv_heads = self.num_kv_heads if self.num_kv_heads is not None else key.shape[2]
         source = "num_kv_heads" if self.num_kv_heads is not None else "key.shape[2]"
         if kv_heads < P:
-            raise FastUlyssesError(f"{source}={kv_heads}: DeepSpeed needs at least the sequence "
-                                   f"parallel size P={P} key-value heads")
+            raise FastUlyssesError(
+                f"{source}={kv_heads}: DeepSpeed needs at least the sequence "
+                f"parallel size P={P} key-value heads"
+            )
         mode_in, mode_out = _mode(self.scatter_idx), _mode(self.gather_idx)
         uneven = None
         if kv_heads % P:
-            uneven = _Uneven(kv_heads, P, group.rank, source, self.scatter_idx, self.gather_idx,
-                             batch_dim_idx)
-        splits = [uneven.splits(name, t, mode_in) if uneven else None
-                  for name, t in (("query", query), ("key", key), ("value", value))]
+            uneven = _Uneven(
+                kv_heads, P, group.rank, source, self.scatter_idx, self.gather_idx, batch_dim_idx
+            )
+        splits = [
+            uneven.splits(name, t, mode_in) if uneven else None
+            for name, t in (("query", query), ("key", key), ("value", value))
+        ]
         rotary = None
         if rotary_pos_emb is not None:
-            rotary = _rotary_views(rotary_pos_emb, _exchanged_shape(
-                query, batch_dim_idx, P, mode_in, splits[0][group.rank] if uneven else None))
-        q, k, v = (group.all_to_all_single_4d(t.contiguous(), mode_in, None, head_splits=hs,
-                                              layout=layout)
-                   for t, hs in zip((query, key, value), splits))
+            rotary = _rotary_views(
+                rotary_pos_emb,
+                _exchanged_shape(
+                    query, batch_dim_idx, P, mode_in, splits[0][group.rank] if uneven else None
+                ),
+            )
+        q, k, v = (
+            group.all_to_all_single_4d(t.contiguous(), mode_in, None, head_splits=hs, layout=layout)
+            for t, hs in zip((query, key, value), splits)
+        )
         if uneven and mode_in == 0:  # the backward gathers heads
-            q, k, v = (uneven.guard_backward(name, t)
-                       for name, t in (("query", q), ("key", k), ("value", v)))
+            q, k, v = (
+                uneven.guard_backward(name, t)
+                for name, t in (("query", q), ("key", k), ("value", v))
+            )
         if rotary is not None:
             q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         context = self.local_attn(q, k, v, *args, **kwargs)
-        out_splits = uneven.splits("the local attention's output", context, mode_out) \
-            if uneven else None
-        out = group.all_to_all_single_4d(context.contiguous(), mode_out, None,
-                                         head_splits=out_splits, layout=layout)
+        out_splits = (
+            uneven.splits("the local attention's output", context, mode_out) if uneven else None
+        )
+        out = group.all_to_all_single_4d(
+            context.contiguous(), mode_out, None, head_splits=out_splits, layout=layout
+        )
         if uneven and mode_out == 0:
             out = uneven.guard_backward("the local attention's output", out)
         if mode_in == mode_out and P > 1 and torch.is_grad_enabled() and out.requires_grad:
-            out = _NoBackward.apply(out, (
-                f"DistributedAttention(scatter_idx={self.scatter_idx}, "
-                f"gather_idx={self.gather_idx}): no backward at P={P}; both all-to-alls scatter "
-                f"the {'heads' if mode_in == 0 else 'sequence'}, and DeepSpeed's backward fails "
-                "for such a pair too (one index must be below 2, the other not)"))
+            out = _NoBackward.apply(
+                out,
+                (
+                    f"DistributedAttention(scatter_idx={self.scatter_idx}, "
+                    f"gather_idx={self.gather_idx}): no backward at P={P}; both all-to-alls scatter "
+                    f"the {'heads' if mode_in == 0 else 'sequence'}, and DeepSpeed's backward fails "
+                    "for such a pair too (one index must be below 2, the other not)"
+                ),
+            )
         return out
 
 
@@ -177,7 +214,8 @@ class _Uneven:
                 f"{batch_dim_idx}: {source}={kv} is not divisible by P={P}, and DeepSpeed's "
                 "uneven-heads path indexes the tensor by them, so it runs with (2, "
                 f"{self.seq}) or ({self.seq}, 2) only (the heads and sequence dimensions of "
-                "this layout)")
+                "this layout)"
+            )
         self.kv, self.P, self.rank, self.source = kv, P, rank, source
         self.shares = [kv // P + (1 if r < kv % P else 0) for r in range(P)]
 
@@ -189,15 +227,20 @@ class _Uneven:
             mode 1), or where DeepSpeed's forward gather fails (mode 1)."""
         heads, share = x.shape[2], self.shares[self.rank]
         if heads % (self.kv if mode == 0 else share):
-            which = ("heads" if mode == 0 else
-                     f"heads on rank {self.rank}, whose share of the {self.kv} is {share}")
+            which = (
+                "heads"
+                if mode == 0
+                else f"heads on rank {self.rank}, whose share of the {self.kv} is {share}"
+            )
             raise FastUlyssesError(
                 f"{name} has {heads} {which}: DeepSpeed's uneven-heads path ({self.source}="
                 f"{self.kv}, P={self.P}) splits a tensor of g * {self.kv} heads as g * "
-                f"{self.shares}, so its heads must be a multiple of the key-value heads")
+                f"{self.shares}, so its heads must be a multiple of the key-value heads"
+            )
         g = heads // (self.kv if mode == 0 else share)
-        failure = self.gather_failure(g, x.shape[self.seq] // self.P, x.shape[3]) \
-            if mode == 1 else ""
+        failure = (
+            self.gather_failure(g, x.shape[self.seq] // self.P, x.shape[3]) if mode == 1 else ""
+        )
         if failure:
             raise FastUlyssesError(f"{name}: {failure}")
         return [g * s for s in self.shares]
@@ -209,18 +252,21 @@ class _Uneven:
         for share in sorted(set(self.shares)):
             scale = self.kv / share
             if int(scale * (share * n)) != self.kv * n or int(g * share * scale) != g * self.kv:
-                return (f"DeepSpeed's uneven-heads gather fails here: with {self.source}="
-                        f"{self.kv} on P={self.P} ranks, a rank whose share is {share} sizes "
-                        f"its receive buffer and head count as int({self.kv} / {share} * n), "
-                        f"which is one short for {g * self.kv} heads of head_dim {d} and "
-                        f"{local_seq} rows a rank")
+                return (
+                    f"DeepSpeed's uneven-heads gather fails here: with {self.source}="
+                    f"{self.kv} on P={self.P} ranks, a rank whose share is {share} sizes "
+                    f"its receive buffer and head count as int({self.kv} / {share} * n), "
+                    f"which is one short for {g * self.kv} heads of head_dim {d} and "
+                    f"{local_seq} rows a rank"
+                )
         return ""
 
     def guard_backward(self, name, y):
         """y, the result of a mode 0 call, whose backward gathers heads: its gradient raises
         FastUlyssesError where DeepSpeed's backward fails (see `gather_failure`)."""
-        failure = self.gather_failure(y.shape[2] // self.shares[self.rank],
-                                      y.shape[self.seq] // self.P, y.shape[3])
+        failure = self.gather_failure(
+            y.shape[2] // self.shares[self.rank], y.shape[self.seq] // self.P, y.shape[3]
+        )
         if failure and torch.is_grad_enabled() and y.requires_grad:
             return _NoBackward.apply(y, f"{name}: no backward: {failure}")
         return y
@@ -230,7 +276,9 @@ def _exchanged_shape(query, batch_dim_idx: int, P: int, mode: int, heads=None) -
     """q's shape after its all-to-all: mode 0 (b, s*P, h/P, d), mode 1 (b, s/P, h*P, d), with
     `heads` (uneven splits) for h/P or h*P; sbhd swaps the first two."""
     if not isinstance(query, torch.Tensor) or query.dim() != 4:
-        raise FastUlyssesError(f"query has shape {tuple(getattr(query, 'shape', ()))}: it must be 4-d")
+        raise FastUlyssesError(
+            f"query has shape {tuple(getattr(query, 'shape', ()))}: it must be 4-d"
+        )
     if batch_dim_idx == 0:
         b, s, h, d = query.shape
     else:
@@ -244,28 +292,39 @@ def _rotary_views(rotary_pos_emb, q_shape) -> tuple:
     """DeepSpeed's (cos, sin) tables as the views it applies, `table.permute(1, 0, 2, 3)`;
     ValueError naming the rule unless each broadcasts to q's first r values (q_shape: q after
     the all-to-all) with an even r <= d."""
-    if not (isinstance(rotary_pos_emb, (tuple, list)) and len(rotary_pos_emb) == 2
-            and all(isinstance(t, torch.Tensor) for t in rotary_pos_emb)):
-        raise FastUlyssesError(f"rotary_pos_emb is a {type(rotary_pos_emb).__name__}: it must be a "
-                         "(cos, sin) pair of tensors")
+    if not (
+        isinstance(rotary_pos_emb, (tuple, list))
+        and len(rotary_pos_emb) == 2
+        and all(isinstance(t, torch.Tensor) for t in rotary_pos_emb)
+    ):
+        raise FastUlyssesError(
+            f"rotary_pos_emb is a {type(rotary_pos_emb).__name__}: it must be a "
+            "(cos, sin) pair of tensors"
+        )
     d = q_shape[-1]
     views = []
     for name, t in zip(("cos", "sin"), rotary_pos_emb):
         view = t.permute(1, 0, 2, 3) if t.dim() == 4 else t
         r = view.shape[-1] if t.dim() == 4 else 0
         target = (*q_shape[:3], r)
-        if t.dim() != 4 or r % 2 or not 0 < r <= d or any(
-                n not in (1, m) for n, m in zip(view.shape[:3], target)):
+        if (
+            t.dim() != 4
+            or r % 2
+            or not 0 < r <= d
+            or any(n not in (1, m) for n, m in zip(view.shape[:3], target))
+        ):
             raise FastUlyssesError(
                 f"rotary_pos_emb's {name} has shape {tuple(t.shape)}: DeepSpeed applies it as "
                 f"{name}.permute(1, 0, 2, 3), which must broadcast to q's first r values after "
                 f"the all-to-all, {target} (each of the first three dimensions 1 or equal), "
-                f"with an even r <= head_dim {d}")
+                f"with an even r <= head_dim {d}"
+            )
         views.append(view)
     if views[0].shape != views[1].shape:
         shapes = " and ".join(str(tuple(t.shape)) for t in rotary_pos_emb)
-        raise FastUlyssesError(f"rotary_pos_emb's cos and sin have shapes {shapes}: they must be the "
-                         "same")
+        raise FastUlyssesError(
+            f"rotary_pos_emb's cos and sin have shapes {shapes}: they must be the same"
+        )
     return views[0], views[1]
 
 

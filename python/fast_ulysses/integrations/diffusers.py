@@ -29,17 +29,33 @@ from ._common import exchange
 _MODULE = "diffusers.models.attention_dispatch"
 # Each name the patch rebinds, and the function of diffusers' module that must look it up (a
 # global read at call time, so rebinding the module's name redirects the call).
-_CALLERS = {"TemplatedUlyssesAttention": "_templated_context_parallel_attention",
-            "TemplatedUlyssesAnythingAttention": "_templated_context_parallel_attention",
-            "SeqAllToAllDim": "_templated_unified_attention",
-            "_all_to_all_dim_exchange": None}
-_FORWARD_ARGS = ("ctx", "query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                 "enable_gqa", "return_lse", "forward_op", "backward_op", "_parallel_config")
+_CALLERS = {
+    "TemplatedUlyssesAttention": "_templated_context_parallel_attention",
+    "TemplatedUlyssesAnythingAttention": "_templated_context_parallel_attention",
+    "SeqAllToAllDim": "_templated_unified_attention",
+    "_all_to_all_dim_exchange": None,
+}
+_FORWARD_ARGS = (
+    "ctx",
+    "query",
+    "key",
+    "value",
+    "attn_mask",
+    "dropout_p",
+    "is_causal",
+    "scale",
+    "enable_gqa",
+    "return_lse",
+    "forward_op",
+    "backward_op",
+    "_parallel_config",
+)
 _originals: dict = {}  # name -> diffusers' own object, while patched
 
 
-def _all_to_all_dim_exchange(x: torch.Tensor, scatter_idx: int = 2, gather_idx: int = 1,
-                             group=None) -> torch.Tensor:
+def _all_to_all_dim_exchange(
+    x: torch.Tensor, scatter_idx: int = 2, gather_idx: int = 1, group=None
+) -> torch.Tensor:
     """(B, S_LOCAL, H, D) -> (B, S, H_LOCAL, D) for scatter_idx=2, gather_idx=1; the inverse
     for scatter_idx=1, gather_idx=2. `group`: the sequence-parallel ProcessGroup (None: the
     default group). Differentiable. Heads and sequence split evenly, as in diffusers (the plan's
@@ -52,12 +68,12 @@ class SeqAllToAllDim:
     order for `_all_to_all_dim_exchange`; its backward is the reverse exchange."""
 
     @staticmethod
-    def apply(group, input: torch.Tensor, scatter_id: int = 2,
-              gather_id: int = 1) -> torch.Tensor:
+    def apply(group, input: torch.Tensor, scatter_id: int = 2, gather_id: int = 1) -> torch.Tensor:
         return _all_to_all_dim_exchange(input, scatter_id, gather_id, group)
 
 
 # -- Ulysses attention -------------------------------------------------------------------------
+
 
 def _ready(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor (the backend's ops save their inputs for backward)."""
@@ -68,8 +84,11 @@ def _lengths(pg, q_len: int, kv_len: int) -> tuple[list[int], list[int]]:
     """Every rank's local query and key lengths (one all_gather of two ints on `pg`, on the CPU
     where its backend takes CPU tensors, as diffusers' own `gather_size_by_comm`)."""
     backend = str(dist.get_backend(pg))
-    device = "cpu" if "gloo" in backend or "cpu" in backend else \
-        torch.device("cuda", torch.cuda.current_device())
+    device = (
+        "cpu"
+        if "gloo" in backend or "cpu" in backend
+        else torch.device("cuda", torch.cuda.current_device())
+    )
     mine = torch.tensor([q_len, kv_len], dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(pg))]
     dist.all_gather(rows, mine, group=pg)
@@ -90,14 +109,18 @@ def _gather_mask(mask, pg, kv_splits, kv_len, q_total, heads_here, heads):
         return None
     rows = mask.shape[-2] if mask.dim() >= 2 else 1
     per_head = mask.shape[-3] if mask.dim() >= 3 else 1
-    if mask.shape[-1] not in (kv_len, sum(kv_splits)) or rows not in (1, q_total) or \
-            (per_head != 1 and heads_here != heads):
+    if (
+        mask.shape[-1] not in (kv_len, sum(kv_splits))
+        or rows not in (1, q_total)
+        or (per_head != 1 and heads_here != heads)
+    ):
         raise FastUlyssesError(
             f"attn_mask has shape {tuple(mask.shape)}: under Ulysses attention each rank "
             f"attends with all {q_total} query rows and {heads_here} of the {heads} heads, so a "
             f"mask must have 1 or {q_total} rows (dim -2) and broadcast over heads (size 1 in "
             f"dim -3); its last dimension is this rank's key length {kv_len} (all-gathered) or "
-            f"the whole key length {sum(kv_splits)}")
+            f"the whole key length {sum(kv_splits)}"
+        )
     if mask.shape[-1] != kv_len or len(kv_splits) == 1:
         return mask
     width = max(kv_splits)
@@ -116,13 +139,17 @@ def _splits(query, key, value, P: int, pg, uneven_seq: bool):
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise FastUlyssesError(f"{name} has shape {tuple(getattr(t, 'shape', ()))}: "
-                                   "Ulysses attention takes 4-d (B, S_LOCAL, H, D) tensors")
+            raise FastUlyssesError(
+                f"{name} has shape {tuple(getattr(t, 'shape', ()))}: "
+                "Ulysses attention takes 4-d (B, S_LOCAL, H, D) tensors"
+            )
     b, _, h, d = query.shape
     if key.shape != value.shape or (key.shape[0], key.shape[2], key.shape[3]) != (b, h, d):
-        raise FastUlyssesError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-                               f"{tuple(value.shape)}: Ulysses attention needs one batch, head "
-                               "count and head dim, and key and value of one shape")
+        raise FastUlyssesError(
+            f"query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+            f"{tuple(value.shape)}: Ulysses attention needs one batch, head "
+            "count and head dim, and key and value of one shape"
+        )
     heads = None if h % P == 0 else even_splits(h, P)
     if uneven_seq:
         q_seq, kv_seq = _lengths(pg, query.shape[1], key.shape[1])
@@ -134,28 +161,59 @@ def _splits(query, key, value, P: int, pg, uneven_seq: bool):
     return q_kw, kv_kw, kv_seq, sum(q_seq), heads_here
 
 
-def _forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-             return_lse, forward_op, backward_op, _parallel_config, uneven_seq: bool):
+def _forward(
+    ctx,
+    query,
+    key,
+    value,
+    attn_mask,
+    dropout_p,
+    is_causal,
+    scale,
+    enable_gqa,
+    return_lse,
+    forward_op,
+    backward_op,
+    _parallel_config,
+    uneven_seq: bool,
+):
     """diffusers' Ulysses attention forward with the all-to-alls on fast-ulysses."""
     pg = _parallel_config.context_parallel_config._ulysses_mesh.get_group()
     group = group_for(pg)
     P = dist.get_world_size(pg)
     q_kw, kv_kw, kv_seq, q_total, heads_here = _splits(query, key, value, P, pg, uneven_seq)
-    attn_mask = _gather_mask(attn_mask, pg, kv_seq, key.shape[1], q_total, heads_here,
-                             query.shape[2])
-    ctx.forward_op, ctx.backward_op, ctx._parallel_config = forward_op, backward_op, \
-        _parallel_config
+    attn_mask = _gather_mask(
+        attn_mask, pg, kv_seq, key.shape[1], q_total, heads_here, query.shape[2]
+    )
+    ctx.forward_op, ctx.backward_op, ctx._parallel_config = (
+        forward_op,
+        backward_op,
+        _parallel_config,
+    )
     ctx._fast_ulysses = (group, q_kw, kv_kw)
-    to_heads = [_ready(group.all_to_all_single_4d(t.contiguous(), 0, None, **kw))
-                for t, kw in ((query, q_kw), (key, kv_kw), (value, kv_kw))]
-    out = forward_op(ctx, *to_heads, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     return_lse, _save_ctx=True, _parallel_config=_parallel_config)
+    to_heads = [
+        _ready(group.all_to_all_single_4d(t.contiguous(), 0, None, **kw))
+        for t, kw in ((query, q_kw), (key, kv_kw), (value, kv_kw))
+    ]
+    out = forward_op(
+        ctx,
+        *to_heads,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        _save_ctx=True,
+        _parallel_config=_parallel_config,
+    )
     lse = None
     if return_lse:
         out, lse, *_ = out
         # (B, S, H_LOCAL) in diffusers' model layout: a head dim of 1 for the all-to-all.
-        lse = _ready(group.all_to_all_single_4d(lse.unsqueeze(-1).contiguous(), 1, None,
-                                                **q_kw)).squeeze(-1)
+        lse = _ready(
+            group.all_to_all_single_4d(lse.unsqueeze(-1).contiguous(), 1, None, **q_kw)
+        ).squeeze(-1)
     out = _ready(group.all_to_all_single_4d(out.contiguous(), 1, None, **q_kw))
     return (out, lse) if return_lse else out
 
@@ -164,8 +222,13 @@ def _backward(ctx, grad_out):
     group, q_kw, kv_kw = ctx._fast_ulysses
     grad_out = _ready(group.all_to_all_single_4d(grad_out.contiguous(), 0, None, **q_kw))
     grads = ctx.backward_op(ctx, grad_out)[:3]
-    return tuple(_ready(group.all_to_all_single_4d(g.contiguous(), 1, None, **kw))
-                 for g, kw in zip(grads, (q_kw, kv_kw, kv_kw))) + (None,) * 9
+    return (
+        tuple(
+            _ready(group.all_to_all_single_4d(g.contiguous(), 1, None, **kw))
+            for g, kw in zip(grads, (q_kw, kv_kw, kv_kw))
+        )
+        + (None,) * 9
+    )
 
 
 class TemplatedUlyssesAttention(torch.autograd.Function):
@@ -174,10 +237,37 @@ class TemplatedUlyssesAttention(torch.autograd.Function):
     diffusers on this path."""
 
     @staticmethod
-    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                return_lse, forward_op, backward_op, _parallel_config=None):
-        return _forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale,
-                        enable_gqa, return_lse, forward_op, backward_op, _parallel_config, False)
+    def forward(
+        ctx,
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        forward_op,
+        backward_op,
+        _parallel_config=None,
+    ):
+        return _forward(
+            ctx,
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            forward_op,
+            backward_op,
+            _parallel_config,
+            False,
+        )
 
     @staticmethod
     def backward(ctx, grad_out, *args):
@@ -190,10 +280,37 @@ class TemplatedUlyssesAnythingAttention(torch.autograd.Function):
     has none). The local lengths are all-gathered once per call, as diffusers does."""
 
     @staticmethod
-    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                return_lse, forward_op, backward_op, _parallel_config=None):
-        return _forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale,
-                        enable_gqa, return_lse, forward_op, backward_op, _parallel_config, True)
+    def forward(
+        ctx,
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        forward_op,
+        backward_op,
+        _parallel_config=None,
+    ):
+        return _forward(
+            ctx,
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            forward_op,
+            backward_op,
+            _parallel_config,
+            True,
+        )
 
     @staticmethod
     def backward(ctx, grad_out, *args):
@@ -202,10 +319,12 @@ class TemplatedUlyssesAnythingAttention(torch.autograd.Function):
 
 # -- the patch ---------------------------------------------------------------------------------
 
-_OURS = {"TemplatedUlyssesAttention": TemplatedUlyssesAttention,
-         "TemplatedUlyssesAnythingAttention": TemplatedUlyssesAnythingAttention,
-         "SeqAllToAllDim": SeqAllToAllDim,
-         "_all_to_all_dim_exchange": _all_to_all_dim_exchange}
+_OURS = {
+    "TemplatedUlyssesAttention": TemplatedUlyssesAttention,
+    "TemplatedUlyssesAnythingAttention": TemplatedUlyssesAnythingAttention,
+    "SeqAllToAllDim": SeqAllToAllDim,
+    "_all_to_all_dim_exchange": _all_to_all_dim_exchange,
+}
 
 
 def _dispatch_module():
@@ -218,24 +337,32 @@ def _dispatch_module():
     try:
         module = importlib.import_module(_MODULE)
     except ImportError as error:
-        raise FastUlyssesError(f"patch_diffusers needs diffusers ({_MODULE}), which does not "
-                               f"import (pip install diffusers): {error}") from None
+        raise FastUlyssesError(
+            f"patch_diffusers needs diffusers ({_MODULE}), which does not "
+            f"import (pip install diffusers): {error}"
+        ) from None
     version = getattr(importlib.import_module("diffusers"), "__version__", "?")
     where = f"diffusers {version}: {_MODULE}"
     for name, caller in _CALLERS.items():
         if not hasattr(module, name):
-            raise FastUlyssesError(f"{where} has no {name}: this diffusers' context parallelism "
-                                   "is not the one patch_diffusers rewires")
+            raise FastUlyssesError(
+                f"{where} has no {name}: this diffusers' context parallelism "
+                "is not the one patch_diffusers rewires"
+            )
         code = getattr(getattr(module, caller, None), "__code__", None) if caller else None
         if caller and (code is None or name not in code.co_names):
-            raise FastUlyssesError(f"{where}.{caller} does not call {name}: this diffusers' "
-                                   "context parallelism is not the one patch_diffusers rewires")
+            raise FastUlyssesError(
+                f"{where}.{caller} does not call {name}: this diffusers' "
+                "context parallelism is not the one patch_diffusers rewires"
+            )
     for name in ("TemplatedUlyssesAttention", "TemplatedUlyssesAnythingAttention"):
         forward = getattr(module, name).forward
-        args = forward.__code__.co_varnames[:forward.__code__.co_argcount]
+        args = forward.__code__.co_varnames[: forward.__code__.co_argcount]
         if tuple(args) != _FORWARD_ARGS:
-            raise FastUlyssesError(f"{where}.{name}.forward takes {args}, not {_FORWARD_ARGS}: "
-                                   "patch_diffusers cannot stand in for it")
+            raise FastUlyssesError(
+                f"{where}.{name}.forward takes {args}, not {_FORWARD_ARGS}: "
+                "patch_diffusers cannot stand in for it"
+            )
     return module
 
 

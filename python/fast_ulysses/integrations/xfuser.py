@@ -28,8 +28,10 @@ def _ulysses_group(group):
     usp = sys.modules.get(_USP_MODULES[0])
     pg = getattr(getattr(usp, "PROCESS_GROUP", None), "ULYSSES_PG", None)
     if pg is None:
-        raise FastUlyssesError("group=None: xDiT's Ulysses group is not set up (its USP module's "
-                               "PROCESS_GROUP.ULYSSES_PG); pass group= or initialize xDiT first")
+        raise FastUlyssesError(
+            "group=None: xDiT's Ulysses group is not set up (its USP module's "
+            "PROCESS_GROUP.ULYSSES_PG); pass group= or initialize xDiT first"
+        )
     return pg
 
 
@@ -41,11 +43,14 @@ def _exchange(tensors, mode, group):
         return tuple(tensors)
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise FastUlyssesError(f"input has shape {tuple(getattr(t, 'shape', ()))}: xDiT's USP "
-                                   "all-to-alls take 4-d (b, h, s, d) tensors")
+            raise FastUlyssesError(
+                f"input has shape {tuple(getattr(t, 'shape', ()))}: xDiT's USP "
+                "all-to-alls take 4-d (b, h, s, d) tensors"
+            )
     fu_group = group_for(pg)
-    return tuple(fu_group.all_to_all_single_4d(t.contiguous(), mode, None, layout="bhsd")
-                 for t in tensors)
+    return tuple(
+        fu_group.all_to_all_single_4d(t.contiguous(), mode, None, layout="bhsd") for t in tensors
+    )
 
 
 def input_all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -71,10 +76,12 @@ def combined_gqa_qkv_all_to_all(q, k, v, *extra, group=None) -> tuple:
     return _exchange((q, k, v, *extra), 0, group)
 
 
-_OURS = {"_ft_c_input_all_to_all": input_all_to_all,
-         "_ft_c_output_all_to_all": output_all_to_all,
-         "_combined_qkv_all_to_all": combined_qkv_all_to_all,
-         "_combined_gqa_qkv_all_to_all": combined_gqa_qkv_all_to_all}
+_OURS = {
+    "_ft_c_input_all_to_all": input_all_to_all,
+    "_ft_c_output_all_to_all": output_all_to_all,
+    "_combined_qkv_all_to_all": combined_qkv_all_to_all,
+    "_combined_gqa_qkv_all_to_all": combined_gqa_qkv_all_to_all,
+}
 
 
 def patch_xfuser() -> list[str]:
@@ -93,8 +100,10 @@ def patch_xfuser() -> list[str]:
     try:
         importlib.import_module(_USP_MODULES[0])
     except ImportError as error:
-        raise ImportError("patch_xfuser needs xfuser (xDiT), whose USP module "
-                          f"{_USP_MODULES[0]} does not import: {error}") from error
+        raise ImportError(
+            "patch_xfuser needs xfuser (xDiT), whose USP module "
+            f"{_USP_MODULES[0]} does not import: {error}"
+        ) from error
     originals = {}
     for name in _USP_MODULES:
         module = sys.modules.get(name)
@@ -128,11 +137,13 @@ def patch_xfuser() -> list[str]:
 
 def _bound_names() -> dict:
     """(module name, attribute) -> object, for the names patch_yunchang rebinds."""
-    return {(name, attr): getattr(module, attr)
-            for name, module in list(sys.modules.items())
-            if module is not None and name.split(".")[0] in ("yunchang", "xfuser")
-            for attr in ("all_to_all_4D", "SeqAllToAll4D", "SeqAllToAll5D")
-            if hasattr(module, attr)}
+    return {
+        (name, attr): getattr(module, attr)
+        for name, module in list(sys.modules.items())
+        if module is not None and name.split(".")[0] in ("yunchang", "xfuser")
+        for attr in ("all_to_all_4D", "SeqAllToAll4D", "SeqAllToAll5D")
+        if hasattr(module, attr)
+    }
 
 
 def unpatch_xfuser() -> list[str]:

@@ -12,13 +12,23 @@ from ..errors import FastUlyssesError
 from ._common import exchange, mode_for
 
 # The modules imported before patching, so their bound names exist to be rebound.
-_KNOWN_MODULES = ("yunchang.comm.all_to_all", "yunchang.comm", "yunchang.ulysses.attn_layer",
-                  "yunchang.hybrid.attn_layer", "yunchang")
+_KNOWN_MODULES = (
+    "yunchang.comm.all_to_all",
+    "yunchang.comm",
+    "yunchang.ulysses.attn_layer",
+    "yunchang.hybrid.attn_layer",
+    "yunchang",
+)
 _PATCHED_PREFIXES = ("yunchang", "xfuser")
 
 
-def all_to_all_4D(input: torch.Tensor, scatter_idx: int = 2, gather_idx: int = 1, group=None,
-                  use_sync: bool = False) -> torch.Tensor:
+def all_to_all_4D(
+    input: torch.Tensor,
+    scatter_idx: int = 2,
+    gather_idx: int = 1,
+    group=None,
+    use_sync: bool = False,
+) -> torch.Tensor:
     """(bs, seqlen/P, hc, hs) -> (bs, seqlen, hc/P, hs) for scatter_idx=2, gather_idx=1; the
     inverse for scatter_idx=1, gather_idx=2. `group`: a ProcessGroup (None: the default group).
     `use_sync` is accepted and changes nothing (results are ready in stream order).
@@ -31,8 +41,9 @@ class SeqAllToAll4D:
     `all_to_all_4D` with yunchang's argument order; its backward is the reverse exchange."""
 
     @staticmethod
-    def apply(group, input: torch.Tensor, scatter_idx: int, gather_idx: int,
-              use_sync: bool = False) -> torch.Tensor:
+    def apply(
+        group, input: torch.Tensor, scatter_idx: int, gather_idx: int, use_sync: bool = False
+    ) -> torch.Tensor:
         return all_to_all_4D(input, scatter_idx, gather_idx, group, use_sync)
 
 
@@ -42,11 +53,18 @@ class SeqAllToAll5D:
     for (1, 3). Differentiable; other index pairs raise ValueError."""
 
     @staticmethod
-    def apply(group, input: torch.Tensor, scatter_idx: int = 3, gather_idx: int = 1,
-              use_sync: bool = False) -> torch.Tensor:
+    def apply(
+        group,
+        input: torch.Tensor,
+        scatter_idx: int = 3,
+        gather_idx: int = 1,
+        use_sync: bool = False,
+    ) -> torch.Tensor:
         if not isinstance(input, torch.Tensor) or input.dim() != 5:
-            raise FastUlyssesError(f"input has shape {tuple(getattr(input, 'shape', ()))}: "
-                             "SeqAllToAll5D takes a 5-d (bs, seqlen, 3, hc, hs) tensor")
+            raise FastUlyssesError(
+                f"input has shape {tuple(getattr(input, 'shape', ()))}: "
+                "SeqAllToAll5D takes a 5-d (bs, seqlen, 3, hc, hs) tensor"
+            )
         mode = mode_for(scatter_idx, gather_idx, "bsthd", ndim=5)
         bs, s, three, h, d = input.shape
         # The packed dimension joins the batch: (3 * bs, s, h, d), one all-to-all for q, k, v.
@@ -69,19 +87,30 @@ def patch_yunchang() -> list[str]:
     try:
         importlib.import_module("yunchang")
     except ImportError as error:
-        raise ImportError("patch_yunchang needs yunchang, which is not installed "
-                          f"(pip install yunchang): {error}") from error
+        raise ImportError(
+            f"patch_yunchang needs yunchang, which is not installed (pip install yunchang): {error}"
+        ) from error
     for name in _KNOWN_MODULES:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
-    ours = {"all_to_all_4D": all_to_all_4D, "SeqAllToAll4D": SeqAllToAll4D,
-            "SeqAllToAll5D": SeqAllToAll5D}
-    modules = [m for n, m in sorted(sys.modules.items())
-               if m is not None and n.split(".")[0] in _PATCHED_PREFIXES]
-    originals = {id(getattr(m, name)): name for m in modules for name in ours
-                 if getattr(getattr(m, name, None), "__module__", "").startswith("yunchang")}
+    ours = {
+        "all_to_all_4D": all_to_all_4D,
+        "SeqAllToAll4D": SeqAllToAll4D,
+        "SeqAllToAll5D": SeqAllToAll5D,
+    }
+    modules = [
+        m
+        for n, m in sorted(sys.modules.items())
+        if m is not None and n.split(".")[0] in _PATCHED_PREFIXES
+    ]
+    originals = {
+        id(getattr(m, name)): name
+        for m in modules
+        for name in ours
+        if getattr(getattr(m, name, None), "__module__", "").startswith("yunchang")
+    }
     patched = []
     for module in modules:
         for name in ours:
