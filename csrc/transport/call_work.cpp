@@ -44,6 +44,15 @@ void CallWork::release() {
   }
 }
 
+void CallWork::release_after_caller() {
+  if (!holds()) return;
+  // The caller's stream waits for the call on the device before the memory can be reused there.
+  // Unchecked: from a destructor, possibly at process exit, where the context may be gone and
+  // nothing reuses the memory any more.
+  if (cudaStreamWaitEvent(caller_, *done_, 0) != cudaSuccess) (void)cudaGetLastError();
+  release();
+}
+
 void CallWork::synchronize() {
   wait();
 }

@@ -48,6 +48,9 @@ class CallWork : public c10d::Work {
   // Whether it still holds tensors (waited on another stream than the caller's, or not yet).
   bool holds() const;
   void release();
+  // Makes the caller's stream wait for the call (on the device, unchecked), then lets go of the
+  // held tensors: for a group going away with calls still in flight.
+  void release_after_caller();
 
  private:
   EventPool::Event done_;

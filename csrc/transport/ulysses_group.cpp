@@ -103,7 +103,7 @@ UlyssesGroup::~UlyssesGroup() {
   // (At process exit without destroy(): c10d's registry, built before any group, still exists.)
   for (const auto& work : works_) {
     if (!work->waited()) c10d::unregister_work(work);
-    work->release();
+    work->release_after_caller();
   }
 }
 
