@@ -29,7 +29,8 @@
 #           without torch or peers (csrc/probes/launch_probe.cu): one process, then PROBE_N (default
 #           8) processes at once on the GPU, as ranks sharing it are
 #   doctor  fast-ulysses doctor (text and --json)
-#   bench   fast-ulysses bench --graph at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
+#   bench   fast-ulysses bench --graph --pipeline $PIPELINE (default 2: the pipelined-attention row)
+#           at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
 #   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran or
 #           FUSED_TESTS=0, then fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo
 #           720p; with .carry/old, the same bench of this tree and of the old commit, alternately
@@ -170,7 +171,7 @@ if has bench; then
   for P in ${BENCH_SIZES:-1 8}; do
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout ${BENCH_TIMEOUT:-200} python3 -m torch.distributed.run \
       --standalone --nproc-per-node $P -m fast_ulysses.bench --shared-gpu --graph \
-      --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
+      --pipeline ${PIPELINE:-2} --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
       > "$R/bench_p$P.log" 2>&1
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
   done

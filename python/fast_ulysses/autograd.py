@@ -8,8 +8,8 @@ may still be in use). Gradients are therefore bit-exact.
 - The fast group: `torch.library.register_autograd` on the C++-defined op
   `fast_ulysses::all_to_all_single_4d` (registered when `fast_ulysses` is imported), so eager
   autograd and torch.compile see the same backward. That kernel is Python, so UlyssesGroup's
-  eager calls that need no grad take the typed entry, below autograd, and skip it (about 20 us
-  of host time per call, measured on meta tensors; docs/DESIGN.md, "One route per call"). The
+  eager calls that need no grad take the typed entry, below autograd, and skip it (the host
+  time this saves: docs/DESIGN.md, "One route per call"). The
   setup and the backward read the call by the op's argument names (`_C.OWNED_ARGUMENTS`, from
   csrc/ops/call_args.h). `..._borrowed` has a C++ Autograd kernel that applies the borrowed
   rule and records no backward. With FAST_ULYSSES_DEBUG=1 the backward

@@ -39,8 +39,9 @@ def activities() -> list:
 
 
 def init_profiler_for_graphs(device) -> None:
-    """torch's workaround for CUPTI and CUDA graphs (pytorch#75504): initialize CUPTI before
-    any capture and never tear it down (TEARDOWN_CUPTI=0 must be set before the first use)."""
+    """The profiler beside CUDA graphs: CUPTI torn down after a profile breaks later captures,
+    so initialize CUPTI before any capture and never tear it down (TEARDOWN_CUPTI=0 must be
+    set before the first use)."""
     os.environ.setdefault("TEARDOWN_CUPTI", "0")
     with torch.profiler.profile(activities=activities()):
         torch.ones(1, device=device).add_(1)
