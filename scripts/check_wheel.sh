@@ -5,7 +5,7 @@
 #      (fast_ulysses/bench/, no recorded results), and the same files
 #      (the same bytes, compiled libraries aside); the sdist holds LICENSE;
 #   2. the sdist's wheel installed into a fresh virtual environment;
-#   3. from a scratch folder holding only copies of tests/ and examples/:
+#   3. from a scratch folder holding only copies of tests/, examples/ and README.md:
 #      `import fast_ulysses` must resolve to that environment (asserted), then
 #      `fast-ulysses --version`, `plan`, `doctor`, and pytest on tests/python (plus tests/gpu
 #      with --gpu).
@@ -110,7 +110,7 @@ step "tests from outside the source tree"
 run="$work/run"
 rm -rf "$run" && mkdir -p "$run/tests"
 cp -r "$repo/tests/python" "$repo/tests/gpu" "$repo/tests/workers" "$repo"/tests/*.py "$run/tests/"
-cp -r "$repo/examples" "$run/"
+cp -r "$repo/examples" "$repo/README.md" "$run/"  # README: the quick-start test compares it with examples/
 printf '[pytest]\ntimeout = 600\n' > "$run/pytest.ini"
 cd "$run"
 export PATH="$venv/bin:$PATH"
