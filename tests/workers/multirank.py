@@ -22,6 +22,7 @@ turns that into a pytest assertion that names the check, the rank and the error.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -62,6 +63,37 @@ def subgroup_sizes(world: int, fast: bool) -> list[int]:
     per process, not per group, so ranks whose processes allocated on different earlier groups
     wait for each other's keys until the store times out (docs/API.md, "Process groups")."""
     return [world] if fast else list(range(1, world + 1))
+
+
+def run_framework_checks(report, pg, P: int, checks: dict, frameworks) -> None:
+    """Each framework's checks (`checks[framework]`: (name, fn(pg, P)) pairs) as `<name>_P<P>`."""
+    for framework in frameworks:
+        for name, fn in checks[framework]:
+            with report.check(f"{name}_P{P}"):
+                fn(pg, P)
+
+
+def framework_check_names(checks: dict, world: int) -> list[tuple[str, str]]:
+    """(framework, check name) of every check `run_framework_checks` runs at every P (gloo)."""
+    return [
+        (framework, f"{name}_P{P}")
+        for P in subgroup_sizes(world, False)
+        for framework, framework_checks in checks.items()
+        for name, _ in framework_checks
+    ]
+
+
+def parse_shared_gpu_only(doc: str, argv=None):
+    """Arguments of a GPU worker that has no options: `--shared-gpu` accepted, for a launch
+    like every GPU worker's, since it always runs its ranks on cuda:0 over gloo."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="accepted for a launch like every GPU worker's: this worker always "
+        "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    return parser.parse_args(argv)
 
 
 def run_on_subgroups(fast: bool, body, *, timeout_s: float = 120) -> int:

@@ -12,11 +12,11 @@ Exits 0 only if the watchdog did not end the job, which the GPU test counts as a
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 import torch.distributed as dist
+from multirank import parse_shared_gpu_only
 
 import fast_ulysses as fu
 
@@ -40,17 +40,6 @@ def main() -> int:
     return 0
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--shared-gpu",
-        action="store_true",
-        help="accepted for a launch like every GPU worker's: this worker always "
-        "runs its ranks on cuda:0 over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
-    )
-    return parser.parse_args(argv)
-
-
 if __name__ == "__main__":
-    parse_args()
+    parse_shared_gpu_only(__doc__)
     raise SystemExit(main())

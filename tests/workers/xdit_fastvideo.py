@@ -33,7 +33,7 @@ import integrations as adapters
 import torch
 import torch.distributed as dist
 import upstream_nodeps as upstream
-from multirank import run_on_subgroups, subgroup_sizes
+from multirank import framework_check_names, run_framework_checks, run_on_subgroups
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import fastvideo as ours_fastvideo
@@ -199,10 +199,7 @@ def main() -> int:
         parser.error(f"--frameworks: unknown {unknown}; known: {', '.join(CHECKS)}")
 
     def body(report, pg, P, device):
-        for framework in frameworks:
-            for name, fn in CHECKS[framework]:
-                with report.check(f"{name}_P{P}"):
-                    fn(pg, P)
+        run_framework_checks(report, pg, P, CHECKS, frameworks)
         group_for(pg).destroy()  # the registry's group for pg (collective)
 
     return run_on_subgroups(False, body)
@@ -210,12 +207,7 @@ def main() -> int:
 
 def check_names(world: int) -> list[tuple[str, str]]:
     """(framework, check name) of every check at every P."""
-    return [
-        (framework, f"{name}_P{P}")
-        for P in subgroup_sizes(world, False)
-        for framework, checks in CHECKS.items()
-        for name, _ in checks
-    ]
+    return framework_check_names(CHECKS, world)
 
 
 if __name__ == "__main__":

@@ -231,90 +231,64 @@ def _backward(ctx, grad_out):
     )
 
 
-class TemplatedUlyssesAttention(torch.autograd.Function):
+def _attention_function(name: str, anything: bool, doc: str) -> type:
+    """An autograd Function named `name` with diffusers' Ulysses attention arguments, running
+    `_forward` (with `anything`: the ranks' local lengths gathered per call) and `_backward`."""
+
+    def forward(
+        ctx,
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        forward_op,
+        backward_op,
+        _parallel_config=None,
+    ):
+        return _forward(
+            ctx,
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            forward_op,
+            backward_op,
+            _parallel_config,
+            anything,
+        )
+
+    def backward(ctx, grad_out, *args):
+        return _backward(ctx, grad_out)
+
+    namespace = {"__doc__": doc, "__module__": __name__, "__qualname__": name}
+    namespace.update(forward=staticmethod(forward), backward=staticmethod(backward))
+    return type(name, (torch.autograd.Function,), namespace)
+
+
+TemplatedUlyssesAttention = _attention_function(
+    "TemplatedUlyssesAttention",
+    False,
     """diffusers' `TemplatedUlyssesAttention` (same arguments and results) on fast-ulysses:
     heads P does not divide go as `even_splits(H, P)`; the sequence is evenly sharded by
-    diffusers on this path."""
-
-    @staticmethod
-    def forward(
-        ctx,
-        query,
-        key,
-        value,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        return_lse,
-        forward_op,
-        backward_op,
-        _parallel_config=None,
-    ):
-        return _forward(
-            ctx,
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            return_lse,
-            forward_op,
-            backward_op,
-            _parallel_config,
-            False,
-        )
-
-    @staticmethod
-    def backward(ctx, grad_out, *args):
-        return _backward(ctx, grad_out)
-
-
-class TemplatedUlyssesAnythingAttention(torch.autograd.Function):
+    diffusers on this path.""",
+)
+TemplatedUlyssesAnythingAttention = _attention_function(
+    "TemplatedUlyssesAnythingAttention",
+    True,
     """diffusers' `TemplatedUlyssesAnythingAttention` (`ulysses_anything=True`: any head count,
     ranks holding different sequence lengths) on fast-ulysses, with a backward (diffusers' own
-    has none). The local lengths are all-gathered once per call, as diffusers does."""
-
-    @staticmethod
-    def forward(
-        ctx,
-        query,
-        key,
-        value,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        return_lse,
-        forward_op,
-        backward_op,
-        _parallel_config=None,
-    ):
-        return _forward(
-            ctx,
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            return_lse,
-            forward_op,
-            backward_op,
-            _parallel_config,
-            True,
-        )
-
-    @staticmethod
-    def backward(ctx, grad_out, *args):
-        return _backward(ctx, grad_out)
+    has none). The local lengths are all-gathered once per call, as diffusers does.""",
+)
 
 
 # -- the patch ---------------------------------------------------------------------------------
