@@ -162,6 +162,7 @@ void UlyssesGroup::issue_on_comm(const Acquired& a, const at::Tensor& x, const P
     StageScope stage(profile_, Stage::kOpen);
     // A borrowed call whose own share may go on C writes into the window that a deferred join's
     // work on M may still be writing: C waits for that work first (M holds nothing newer yet).
+    // (Never under capture: acquire() found the device past that work.)
     if (unjoined_ && !a.call.owned) events_.join(comm_, a.caller);
     events_.join(a.caller, comm_);
   }

@@ -31,6 +31,10 @@ struct JoinRequest {
 };
 JoinRequest& join_request();  // this thread's
 
+// Whether the device has passed `event` (recorded outside any capture); safe to ask while a
+// CUDA graph is being captured on any thread, where a plain query would invalidate the capture.
+bool event_passed(cudaEvent_t event);
+
 class CallWork : public c10d::Work {
  public:
   CallWork(EventPool::Event done, int device_index, cudaStream_t caller,

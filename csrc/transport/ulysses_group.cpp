@@ -240,6 +240,17 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
   const Window& window = window_for(known ? *known : *fresh, plan.window_bytes, in_capture);
   check_not_in_window("x", x, window, tag_name);
   if (out_arg.defined()) check_not_in_window("out", out_arg, window, tag_name);
+  if (in_capture && unjoined_) {
+    // Eager work on M whose caller never waited for it cannot be waited for inside a graph (the
+    // dependency would cross the capture's boundary): the device must be past it already, as it
+    // is after torch.cuda.graph's synchronize.
+    TORCH_CHECK(works_.empty() || works_.back()->done(),
+                "fast-ulysses: a CUDA graph capture began while an eager all-to-all of this "
+                "group was still running on the device and its result not yet waited on: wait "
+                "on that result, or call torch.cuda.synchronize(), before capturing "
+                "(torch.cuda.graph does)");
+    unjoined_ = false;  // the device is past every call M was given before the capture
+  }
   TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
   const bool deferred = !owned && !barrier;
   at::Tensor out = !owned ? pool_.local_tensor(window, shape_of(plan.output_shape), x.scalar_type())

@@ -327,6 +327,33 @@ def check_capture_deferred_qkv(ctx: Ctx) -> str:
     return f"{ctx.short} replays of q, k, v (barrier=False) + barrier(), reserve() windows"
 
 
+@check
+def check_eager_result_read_in_capture(ctx: Ctx) -> str:
+    """An eager owned call's result, never waited on, first read inside a capture (its deferred
+    wait runs there: the device is past the call after torch.cuda.graph's synchronize, and the
+    capture must stay valid); then a borrowed call captured right after an eager borrowed call on
+    its tag whose wait was left to its result (the eager call's work on the communication stream
+    must not become a dependency of the capture). Both graphs replayed."""
+    group = ctx.group()
+    owned = Call(pick(ctx.P, "bshd", torch.bfloat16), 0, "eager-owned", "copy", "wait")
+    xs = owned.inputs(ctx.P, seed=5_000)
+    ctx.where = "eager call"
+    y = group.all_to_all_single_4d(
+        xs[ctx.rank].to(ctx.device), owned.mode, owned.tag, **owned.splits()
+    )
+    g, (read,) = ctx.capture_fn(lambda: [y * 1])  # y's first use: its wait runs under capture
+    for i in range(2):
+        ctx.where = f"replay {i}"
+        g.replay()
+        ctx.expect("eager owned result read in the graph", read, owned.want(xs, ctx.rank))
+    borrowed = Call(pick(ctx.P, "sbhd", torch.float16), 0, "eager-borrowed", "borrowed")
+    statics = ctx.warm_up(group, [borrowed], seed=5_100)  # eager, its wait left to the result
+    g2, outs = ctx.capture(group, [borrowed], statics)
+    ctx.replay_and_check(g2, [borrowed], statics, outs, ctx.short, seed=5_200, chunk=5)
+    finish(group)
+    return f"2 replays reading the eager result, {ctx.short} of the borrowed call"
+
+
 # -- a captured layer ---------------------------------------------------------------------------
 
 
