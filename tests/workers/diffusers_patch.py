@@ -85,6 +85,20 @@ def gloo_gather_shim() -> None:
     context_parallel._all_gather_anything = all_gather_anything
 
 
+def gloo_cuda_gather_shim() -> None:
+    """Ranks sharing a GPU talk over gloo, whose all_gather_into_tensor crashes the process on
+    CUDA tensors (a memmove from device memory): diffusers' output gather (the sharder's
+    AllGatherFunction, funcol.all_gather_tensor) runs on CPU copies here, the gathered tensor
+    moved back. The sharder's gather, not the attention's all-to-all; on NCCL it needs none."""
+    from diffusers.hooks import context_parallel
+
+    def all_gather_tensor(tensor, gather_dim, group):
+        gathered = funcol.all_gather_tensor(tensor.cpu(), gather_dim, group)
+        return funcol.wait_tensor(gathered).to(tensor.device)
+
+    context_parallel.funcol = types.SimpleNamespace(all_gather_tensor=all_gather_tensor)
+
+
 def check_names(world: int, shared_gpu: bool = False) -> list[str]:
     names = ["attention"]
     if world >= 2:
@@ -504,6 +518,8 @@ def run_checks(report, P, device):
     from fast_ulysses.integrations import diffusers as ours
 
     gloo_gather_shim()
+    if device.type == "cuda":
+        gloo_cuda_gather_shim()
     # One Ulysses process group for every check (P = 1: the world; diffusers needs P >= 2).
     mesh = (
         init_device_mesh(device.type, (1, P), mesh_dim_names=("ring", "ulysses")) if P > 1 else None
