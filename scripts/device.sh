@@ -16,8 +16,9 @@
 #           check at every P (it builds groups with the switch on and off), then Wan 720p host cost
 #           with the switch on and off, alternately (EAGER_RUNS, default "1 2": twice), at EAGER_P
 #           (default 2 8), with the host time by stage
-#   ab      Wan 720p host cost by stage at AB_P (default 8) of the commit in .carry/old and of this
-#           tree, alternately (old, new, old, new), both installed outside the tree
+#   ab      Wan 720p host cost by stage at each size of AB_P (default "1 8") of the commit in
+#           .carry/old and of this tree, alternately (old, new, old, new: AB_RUNS, default "1 2"),
+#           both installed outside the tree
 #   oldgraph  the graph checks captured_layer, eager_between_replays and
 #           first_owned_call_after_capture at P = 2 against the commit in .carry/old: they must
 #           fail there (built by `before`, or here)
@@ -203,10 +204,12 @@ if has fused; then
   fi
 fi
 if has ab && [ -d .carry/old ] && build_old && install_new; then
-  for run in 1 2; do
-    for which in old new; do
-      PYTHONPATH=/tmp/$which:${PYTHONPATH:-} FAST_ULYSSES_HOST_PROFILE=1 \
-        quick_one "ab_${which}$run" ${AB_P:-8}
+  for P in ${AB_P:-1 8}; do
+    for run in ${AB_RUNS:-1 2}; do
+      for which in old new; do
+        PYTHONPATH=/tmp/$which:${PYTHONPATH:-} FAST_ULYSSES_HOST_PROFILE=1 \
+          quick_one "ab_${which}$run" $P
+      done
     done
   done
 fi
