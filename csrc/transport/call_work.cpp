@@ -29,11 +29,9 @@ bool stream_capturing(cudaStream_t stream) {
          status != cudaStreamCaptureStatusNone;
 }
 
-}  // namespace
-
+// Whether the device has passed `event` (recorded outside any capture). Relaxed for this thread:
+// under a global-mode capture on any thread a query would otherwise invalidate that capture.
 bool event_passed(cudaEvent_t event) {
-  // Relaxed for this thread: under a global-mode capture on any thread a query would otherwise
-  // invalidate that capture (the event itself is never part of one).
   c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   const cudaError_t status = cudaEventQuery(event);
   if (status == cudaErrorNotReady) {
@@ -43,6 +41,8 @@ bool event_passed(cudaEvent_t event) {
   FU_CUDA_CHECK(status);
   return true;
 }
+
+}  // namespace
 
 bool CallWork::wait(std::chrono::milliseconds /*timeout*/) {
   if (waited_.load(std::memory_order_acquire)) return true;

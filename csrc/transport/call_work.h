@@ -31,16 +31,14 @@ struct JoinRequest {
 };
 JoinRequest& join_request();  // this thread's
 
-// Whether the device has passed `event` (recorded outside any capture); safe to ask while a
-// CUDA graph is being captured on any thread, where a plain query would invalidate the capture.
-bool event_passed(cudaEvent_t event);
-
 class CallWork : public c10d::Work {
  public:
   CallWork(EventPool::Event done, int device_index, cudaStream_t caller,
            std::vector<at::Tensor> held);
   // The current stream (of the call's device) waits for the call's closing event; once. On the
-  // caller's stream it also lets go of the held tensors.
+  // caller's stream, or with the device past the call, it also lets go of the held tensors. A
+  // stream being captured cannot wait for eager work: there the device must be past the call
+  // already (torch.cuda.graph synchronizes before capturing), else it raises.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override;
   bool isCompleted() override;

@@ -246,9 +246,8 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
     // is after torch.cuda.graph's synchronize.
     TORCH_CHECK(works_.empty() || works_.back()->done(),
                 "fast-ulysses: a CUDA graph capture began while an eager all-to-all of this "
-                "group was still running on the device and its result not yet waited on: wait "
-                "on that result, or call torch.cuda.synchronize(), before capturing "
-                "(torch.cuda.graph does)");
+                "group was still running on the device, its caller's stream never made to wait "
+                "for it: call torch.cuda.synchronize() before capturing (torch.cuda.graph does)");
     unjoined_ = false;  // the device is past every call M was given before the capture
   }
   TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
