@@ -263,8 +263,12 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
   if (owned) tag.ever_owned = true;
   if (!tag.watched || tag.watched->signature != call.signature)
     tag.watched = watched_call(plan, *tag.name, call.signature);
-  // An eager call whose caller asked for it leaves C's wait to the result's first use.
-  const bool defer_join = defer_asked && world_size() > 1 && !deferred && !in_capture;
+  // An eager call whose caller asked for it leaves C's wait to the result's first use, unless a
+  // graph of this group may be replayed: a replay's captured work is ordered after C's work
+  // only, so an eager call's work on M that C never waited for could run beside it, on the same
+  // tag's window and handshake words.
+  if (in_capture) captured_ = true;
+  const bool defer_join = defer_asked && world_size() > 1 && !deferred && !captured_;
   return Acquired{tag,
                   window,
                   std::move(out),

@@ -228,6 +228,9 @@ class UlyssesGroup {
   std::unique_ptr<Watchdog> watchdog_;
   std::deque<c10::intrusive_ptr<CallWork>> works_;  // deferred joins, oldest first
   bool unjoined_ = false;  // M holds a deferred join's work that C has not waited for
+  // A call of this group was captured into a CUDA graph: no eager call defers its join from then
+  // on (a replay, launched on C by the caller, could not be ordered after such work on M).
+  bool captured_ = false;
 };
 
 }  // namespace fast_ulysses::transport

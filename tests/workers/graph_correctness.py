@@ -354,6 +354,40 @@ def check_eager_result_read_in_capture(ctx: Ctx) -> str:
     return f"2 replays reading the eager result, {ctx.short} of the borrowed call"
 
 
+@check
+def check_eager_result_unused_across_replay(ctx: Ctx) -> str:
+    """Once a group has captured a call, its eager results are plain tensors joined into the
+    caller's stream (at P > 1 they were AsyncCollectiveTensors before the capture): an eager
+    call on the graph's tag whose result is not used before the next replay, then the replay,
+    then both results checked, again and again with no host synchronize."""
+    group = ctx.group()
+    call = Call(pick(ctx.P, "bshd", torch.bfloat16), 0, "x", "copy", "wait")
+    statics = ctx.warm_up(group, [call], seed=6_000)
+    g, (out,) = ctx.capture(group, [call], statics)
+    n = ctx.short
+    issued = []
+    for i in range(n):
+        ctx.where = f"iteration {i}"
+        ex, gx = call.inputs(ctx.P, 6_100 + i), call.inputs(ctx.P, 6_500 + i)
+        y = group.all_to_all_single_4d(
+            ex[ctx.rank].to(ctx.device), call.mode, call.tag, **call.splits()
+        )
+        if type(y) is not torch.Tensor:
+            raise AssertionError(
+                f"{ctx.check} [{ctx.where}]: an eager call on a group with a captured graph "
+                f"returned {type(y).__name__}, not a plain tensor joined into its stream"
+            )
+        statics[0].copy_(gx[ctx.rank].to(ctx.device))
+        g.replay()
+        issued.append((i, ex, y, gx, out.clone()))
+    for i, ex, y, gx, got in issued:
+        ctx.where = f"iteration {i}"
+        ctx.expect("eager result, used after the replay", y, call.want(ex, ctx.rank))
+        ctx.expect("replay result", got, call.want(gx, ctx.rank))
+    finish(group)
+    return f"{n} eager calls, each result used only after the next replay"
+
+
 # -- a captured layer ---------------------------------------------------------------------------
 
 
