@@ -14,26 +14,15 @@ or bshd mode 0 with b == 1). Either way the result has waited for the collective
 stream wait, not a host block), so a result that is never used leaves no unwaited work behind.
 Bytes travel as uint8, so every 1-, 2- and 4-byte dtype is moved bit for bit.
 
-Before any data moves, every call at P > 1 checks that the ranks agree on it: each rank sends one
-small int64 row (`all_gather_into_tensor`) saying what it believes the call is (entry point,
-mode, layout, tag, dtype, the plan's resolved splits, batch, head_dim and window bytes), or that
-its own call is invalid. Rows that differ, or an invalid row, make every rank raise the same
-`FastUlyssesError`, after a second gather (of text, on this error path only) that names the
-calls. A program whose ranks disagree (uneven sequence lengths without seq_splits, head_splits
-on one rank only, another mode, tag or layout) would otherwise abort in the transport or receive
-memory no rank wrote. The row travels on the CPU where the group's backend takes CPU tensors
-(gloo), else on x's GPU (NCCL), where reading it back makes the host wait for the gather.
-FAST_ULYSSES_CHECK_CALLS=0 turns the check off; with FAST_ULYSSES_DEBUG=1 the debug check
-(`fast_ulysses.debug.check_agreement`: an all_gather_object of every call, which also names it)
-runs instead.
+Before any data moves, every call at P > 1 checks that the ranks agree on it: one small int64
+all-gather of what each rank believes the call is (`fast_ulysses.call_check` says what is compared
+and when a call is refused). FAST_ULYSSES_CHECK_CALLS=0 turns the check off; with
+FAST_ULYSSES_DEBUG=1 the debug check (`fast_ulysses.debug.check_agreement`) runs instead.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import zlib
-from functools import cache, lru_cache
 
 import torch
 import torch.distributed as dist
@@ -42,53 +31,12 @@ import torch.distributed._functional_collectives as funcol
 from ._ops import _C
 from .arguments import as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad
-from .debug import check_agreement, debug_enabled, describe_call
-from .env import CHECK_CALLS_ENV, switch
+from .call_check import BORROWED, OWNED, CallCheck, agreed_settings
+from .debug import check_agreement
 from .errors import FastUlyssesError, public, refused
-from .plan import LAYOUTS, Plan
+from .plan import Plan
 from .tags import check_borrowed_tag, resolve_tag
-from .topology import _rank_list, agreement_message
 from .validation import plan_call, window_bytes_by_tag
-
-OWNED = "all_to_all_single_4d"
-BORROWED = "all_to_all_single_4d_borrowed"
-
-
-def _agreed_settings(process_group, world_size: int) -> tuple[bool, bool]:
-    """This rank's (FAST_ULYSSES_DEBUG, FAST_ULYSSES_CHECK_CALLS), once every rank has shown
-    that both parse and agree: one all_gather_object at P > 1. Either switch set on some ranks
-    only would make their calls wait in a collective the others never join; a value refused on
-    one rank would leave the others waiting here. Either way every rank raises the same
-    FastUlyssesError (`topology.agreement_message` for the debug switch and refused values)."""
-    debug, check, error = False, True, ""
-    try:
-        debug = debug_enabled()
-        check = switch(CHECK_CALLS_ENV)
-    except ValueError as refusal:
-        error = str(refusal)
-    everyone = [(debug, check, error)]
-    if world_size > 1:
-        everyone = [None] * world_size
-        dist.all_gather_object(everyone, (debug, check, error), group=process_group)
-    message = agreement_message(
-        [d for d, _, _ in everyone], [e for _, _, e in everyone]
-    ) or _check_calls_message([c for _, c, _ in everyone])
-    if message:
-        raise FastUlyssesError(message)
-    return debug, check
-
-
-def _check_calls_message(check: list[bool]) -> str:
-    """The error for FAST_ULYSSES_CHECK_CALLS=0 on some ranks only; "" when every rank agrees."""
-    off = [r for r, on in enumerate(check) if not on]
-    if not off or len(off) == len(check):
-        return ""
-    on = [r for r, flag in enumerate(check) if flag]
-    return (
-        f"{CHECK_CALLS_ENV}=0 on {_rank_list(off)} but not on {_rank_list(on)}: set it the "
-        f"same on every rank (with it on, each call of the group first compares every "
-        f"rank's call in a collective, which ranks with it off never join)"
-    )
 
 
 class TorchUlyssesGroup:
@@ -115,7 +63,7 @@ class TorchUlyssesGroup:
         RuntimeError when torch.distributed is not initialised.
 
     Every call at P > 1 first checks that every rank makes the same call (one small
-    all-gather; see the module's docstring), unless FAST_ULYSSES_CHECK_CALLS=0. With
+    all-gather; see `fast_ulysses.call_check`), unless FAST_ULYSSES_CHECK_CALLS=0. With
     FAST_ULYSSES_DEBUG=1 set when the group is built, every call is instead checked by
     `fast_ulysses.debug.check_agreement`, as on `UlyssesGroup`. Building the group is
     collective at P > 1: the ranks compare both settings (one all_gather_object), and where
@@ -151,14 +99,12 @@ class TorchUlyssesGroup:
             )
         self.fallback_reason = "requested" if decision is None else decision.reason
         self._destroyed = False
-        self._debug, check = _agreed_settings(process_group, self.world_size)
+        self._debug, check = agreed_settings(process_group, self.world_size)
         self._calls = 0
         # The call check (the debug check replaces it; one rank cannot disagree with itself).
-        self._check = check and not self._debug and self.world_size > 1
-        self._row_size = len(_HEADER) + 2 * self.world_size
-        self._invalid_row = [1] + [0] * (self._row_size - 1)
-        self._rows: dict[torch.device, torch.Tensor] = {}  # gather buffers, by device
-        self._gather_type = _gather_device_type(process_group) if self._check else "cpu"
+        self._call_check = None
+        if check and not self._debug and self.world_size > 1:
+            self._call_check = CallCheck(process_group, self.world_size)
         # The fast group's per-tag rules, applied here too (csrc/plan/tag_rules.h, through the
         # ops), so a program that breaks one fails on a CPU test as it would on the GPU: the
         # bytes each tag's window would hold there, the tags deferred by barrier=False, and
@@ -207,7 +153,7 @@ class TorchUlyssesGroup:
             tensor, the tag rule's, or one naming what is wrong with `out`, where every rank
             refuses its own call; at P > 1, on every rank and with one message naming the
             calls, where only some ranks refuse theirs or the ranks' calls differ (the call
-            check, see the module's docstring); after `destroy()`.
+            check, `fast_ulysses.call_check`); after `destroy()`.
         """
         try:
             tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out)
@@ -328,7 +274,7 @@ class TorchUlyssesGroup:
         window, and returns (tag, plan). `barrier` is None for the owned entry. Raises
         ValueError (the entry points make it a FastUlyssesError)."""
         self._check_alive()
-        if self._check:
+        if self._call_check is not None:
             return self._commit(
                 self._agree(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
             )
@@ -396,57 +342,22 @@ class TorchUlyssesGroup:
         return tag, p
 
     def _agree(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
-        """`_prepare`, then the call check: one all_gather_into_tensor of every rank's
-        `_row` (or of the invalid row, where `_prepare` raised: this rank still joins). Returns
-        `_prepare`'s result when every row is the same valid row; else raises on every rank
-        (`_refuse`)."""
+        """`_prepare` under the call check (`fast_ulysses.call_check.CallCheck.agree`): returns
+        its result when every rank makes the same valid call; else raises on every rank."""
         self._calls += 1
-        prepared, mine = None, None
-        try:
-            prepared = self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out)
-            row = _row(name, prepared[1], prepared[0], x.dtype, barrier)
-        except Exception as error:  # noqa: BLE001 - every rank must learn of it, then raise
-            row, mine = self._invalid_row, error
-        if isinstance(x, torch.Tensor) and x.device.type == self._gather_type:
-            device = x.device
-        else:
-            device = _default_device(self._gather_type)
-        rows = self._rows.get(device)
-        if rows is None:
-            rows = self._rows[device] = torch.empty(
-                self.world_size * self._row_size, dtype=torch.int64, device=device
-            )
-        dist.all_gather_into_tensor(
-            rows, torch.tensor(row, dtype=torch.int64, device=device), group=self.process_group
+        return self._call_check.agree(
+            self._calls,
+            lambda: self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out),
+            name,
+            x,
+            mode,
+            tag,
+            seq_splits,
+            head_splits,
+            layout,
+            barrier,
+            out,
         )
-        everyone = rows.view(self.world_size, self._row_size).tolist()
-        first = everyone[0]
-        if first[0] or any(other != first for other in everyone[1:]):
-            shown = prepared[0] if prepared is not None else tag
-            call = describe_call(name, x, mode, shown, seq_splits, head_splits, layout)
-            if barrier is not None:
-                call = f"{call[:-1]}, barrier={barrier})"
-            if out is not None:
-                shown = (
-                    f"{tuple(out.shape)} {out.dtype}"
-                    if isinstance(out, torch.Tensor)
-                    else type(out).__name__
-                )
-                call = f"{call[:-1]}, out={shown})"
-            self._refuse(everyone, call, mine, seq_splits is None, head_splits is None)
-        return prepared
-
-    def _refuse(self, rows, call, mine, seq_none, head_none):
-        """The call check's error path (every rank takes it, seeing the same rows). Where every
-        rank refused its own call, each raises its own refusal as it is (the message a
-        one-rank group gives; no rank is left waiting). Else every rank gathers every rank's
-        call as text and raises FastUlyssesError with the same message, naming the calls."""
-        if all(row[0] for row in rows):
-            raise mine
-        error = "" if mine is None else (str(mine) or type(mine).__name__)
-        calls = [None] * self.world_size
-        dist.all_gather_object(calls, (call, error, seq_none, head_none), group=self.process_group)
-        raise FastUlyssesError(_refusal(self._calls, rows, calls)) from mine
 
     def _use_tag(self, tag: str) -> None:
         """The fast group's tag rules: at most `limits()["max_tags"]` distinct tags, and none
@@ -461,129 +372,6 @@ class TorchUlyssesGroup:
                 "this TorchUlyssesGroup was destroyed: build a new group "
                 "with fast_ulysses.make_group"
             )
-
-
-# -- the call check's row ----------------------------------------------------------------------
-
-# The row's fixed fields; the plan's resolved seq_splits and head_splits (P each) follow.
-_HEADER = (
-    "invalid",
-    "entry point",
-    "mode",
-    "layout",
-    "tag",
-    "dtype",
-    "batch",
-    "head_dim",
-    "window bytes",
-    "barrier",
-)
-_WINDOW, _BARRIER = _HEADER.index("window bytes"), _HEADER.index("barrier")
-_ENTRY_CODES = {OWNED: 0, BORROWED: 1}
-_LAYOUT_CODES = {name: code for code, name in enumerate(LAYOUTS)}
-_SHOWN = {"mode", "batch", "head_dim"}  # told by value (the others: by the calls)
-
-
-@lru_cache(maxsize=4096)
-def _tag_code(tag: str) -> int:
-    """A 64-bit hash of `tag`, the same in every process (Python's hash() of a str is not)."""
-    digest = hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-@cache
-def _dtype_code(dtype: torch.dtype) -> int:
-    return zlib.crc32(str(dtype).encode())
-
-
-def _row(name: str, p: Plan, tag: str, dtype: torch.dtype, barrier) -> list[int]:
-    """What this rank believes the call is, as the call check compares it."""
-    shape = p.input_shape
-    return [
-        0,
-        _ENTRY_CODES[name],
-        p.mode,
-        _LAYOUT_CODES[p.layout],
-        _tag_code(tag),
-        _dtype_code(dtype),
-        shape[p.layout.index("b")],
-        shape[3],
-        p.window_bytes,
-        -1 if barrier is None else int(barrier),
-        *p.seq_splits,
-        *p.head_splits,
-    ]
-
-
-def _refusal(index: int, rows: list[list[int]], calls: list[tuple]) -> str:
-    """The call check's message, the same on every rank: the invalid calls (with a valid one
-    beside them), or rank 0's call and the first that differs from it, and how."""
-    errors = [error for _, error, _, _ in calls]
-    bad = [r for r, error in enumerate(errors) if error]
-    if bad:
-        alike: dict[tuple[str, str], list[int]] = {}
-        for r in bad:
-            alike.setdefault(calls[r][:2], []).append(r)
-        parts = [
-            f"{_rank_list(ranks)} called {call}, which is invalid: {error}"
-            for (call, error), ranks in alike.items()
-        ]
-        good = [r for r, error in enumerate(errors) if not error]
-        if good:
-            parts.append(f"rank {good[0]} called {calls[good[0]][0]}")
-        return f"call #{index} was refused on every rank: " + "; ".join(parts)
-    peer = next(r for r in range(1, len(rows)) if rows[r] != rows[0])
-    return (
-        f"call #{index} differs across ranks: rank 0 called {calls[0][0]} but rank {peer} "
-        f"called {calls[peer][0]}: {_differences(rows[0], rows[peer], peer, calls)}"
-    )
-
-
-def _differences(a: list[int], b: list[int], peer: int, calls: list[tuple]) -> str:
-    """How rank 0's row `a` and rank `peer`'s row `b` differ, in words (the window bytes, which
-    follow from the rest, last)."""
-
-    def both(x, y):
-        return f"{x} on rank 0, {y} on rank {peer}"
-
-    parts = [
-        f"{field} ({both(a[k], b[k])})" if field in _SHOWN else field
-        for k, field in enumerate(_HEADER[:_WINDOW])
-        if k and a[k] != b[k]
-    ]
-    if a[_BARRIER] != b[_BARRIER] and min(a[_BARRIER], b[_BARRIER]) >= 0:  # -1: owned
-        parts.append(f"barrier ({both(bool(a[_BARRIER]), bool(b[_BARRIER]))})")
-    world, start = (len(a) - len(_HEADER)) // 2, len(_HEADER)
-    hints = []
-    same_call = a[1:4] == b[1:4]  # entry point, mode and layout: the splits mean the same
-    for which, at, none in (("seq_splits", start, 2), ("head_splits", start + world, 3)):
-        mine, theirs = a[at : at + world], b[at : at + world]
-        if mine != theirs:
-            parts.append(f"the resolved {which} ({both(mine, theirs)})")
-            if same_call and any(call[none] for call in calls):
-                hints.append(
-                    f"{which}=None means an even split: ranks whose "
-                    f"{'rows' if which == 'seq_splits' else 'heads'} differ must pass "
-                    f"{which}, the same list on every rank"
-                )
-    if a[_WINDOW] != b[_WINDOW]:
-        parts.append(f"window bytes ({both(a[_WINDOW], b[_WINDOW])})")
-    return "they differ in " + ", ".join(parts) + (f" ({'; '.join(hints)})" if hints else "")
-
-
-def _gather_device_type(process_group) -> str:
-    """The device type of the call check's gather: the CPU where the group's backend takes CPU
-    tensors (gloo, or a CPU backend beside NCCL), else the group's device (NCCL: CUDA)."""
-    try:
-        return dist.distributed_c10d._get_object_coll_device(process_group)
-    except Exception:  # noqa: BLE001 - a torch without the helper: gloo's CPU
-        return "cpu"
-
-
-def _default_device(device_type: str) -> torch.device:
-    if device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(device_type)
 
 
 def _check_out(out, x: torch.Tensor, p: Plan) -> None:
