@@ -1,7 +1,10 @@
 """One rank of tests/python/test_deepspeed_adapter.py (gloo CPU ranks; P = 1, 2, 3 as the last
-P ranks of the world): fast_ulysses.integrations.deepspeed.DistributedAttention against the
-installed deepspeed.sequence.layer.DistributedAttention (0.19.8) with the same local attention,
-bit for bit, output and every input's gradient:
+P ranks of the world; with --shared-gpu, tests/gpu/test_upstream_gpu.py: every rank on cuda:0,
+ours on the fast group, DeepSpeed on the same CUDA tensors over the gloo process group, one
+launch per P): fast_ulysses.integrations.deepspeed.DistributedAttention against the installed
+deepspeed.sequence.layer.DistributedAttention (0.19.8) with the same local attention, bit for
+bit, output and every input's gradient:
+- fast_group_P<p> (--shared-gpu only): the registry's group is the fast one;
 - deepspeed_pairs_P<p>: every (scatter_idx, gather_idx) of -1..3 x -1..3, batch_dim_idx 0 and
   1, shapes chosen so DeepSpeed's even-heads path accepts them. For a pair on the same side of
   2 at P > 1 the forward is compared, and the backward must fail in both (ours with
@@ -25,16 +28,15 @@ Every rank's input is different, so a chunk sent to the wrong rank shows.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed_uneven as uneven
 import integrations as adapters
 import torch
 import torch.distributed as dist
-from multirank import run_on_subgroups, subgroup_sizes
+from multirank import check_fast_group, run_on_subgroups, subgroup_sizes
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.errors import FastUlyssesError
@@ -87,14 +89,14 @@ def call(module, batch_dim_idx, rotary=None):
     return lambda x: module(x, x * 2, x + 1, batch_dim_idx, rotary, layout)
 
 
-def compare_no_backward(label, f_ours, f_upstream, shape, seed):
+def compare_no_backward(label, f_ours, f_upstream, shape, seed, device):
     """Forward bit for bit; then both backwards must fail, ours with FastUlyssesError."""
     g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
-    x = torch.randn(shape, generator=g)
+    x = torch.randn(shape, generator=g).to(device)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     a, b = f_ours(xa), f_upstream(xb)
     assert adapters.same_bits(a.detach(), b.detach()), f"{label}: forward differs from DeepSpeed"
-    w = torch.randn(a.shape, generator=g)
+    w = torch.randn(a.shape, generator=g).to(device)
     try:
         (b * w).sum().backward()
     except Exception:  # noqa: BLE001 - DeepSpeed's: an AssertionError or autograd's RuntimeError
@@ -109,7 +111,7 @@ def compare_no_backward(label, f_ours, f_upstream, shape, seed):
         raise AssertionError(f"{label}: our backward did not raise FastUlyssesError")
 
 
-def check_pairs(pg, P):
+def check_pairs(pg, P, device):
     n = 0
     for scatter_idx in INDICES:
         for gather_idx in INDICES:
@@ -123,12 +125,12 @@ def check_pairs(pg, P):
                 mine, theirs = modules(scatter_idx, gather_idx, pg)
                 f_ours, f_up = call(mine, batch_dim_idx), call(theirs, batch_dim_idx)
                 if side(scatter_idx) == side(gather_idx) and P > 1:
-                    compare_no_backward(label, f_ours, f_up, shape, 100 + n)
+                    compare_no_backward(label, f_ours, f_up, shape, 100 + n, device)
                 else:
-                    adapters.compare(label, f_ours, f_up, shape, torch.device("cpu"), 100 + n)
+                    adapters.compare(label, f_ours, f_up, shape, device, 100 + n, ref_device=device)
 
 
-def check_rotary(pg, P):
+def check_rotary(pg, P, device):
     g = torch.Generator().manual_seed(41)
     n = 0
     for scatter_idx, gather_idx in ((2, 0), (1, 2)):
@@ -142,7 +144,7 @@ def check_rotary(pg, P):
                 if batch_dim_idx == 0
                 else torch.rand(2, s_after, 1, 4, generator=g)
             ) * 6.28
-            rotary = (table.cos(), table.sin())
+            rotary = (table.cos().to(device), table.sin().to(device))
             mine, theirs = modules(scatter_idx, gather_idx, pg)
             adapters.compare(
                 f"DistributedAttention(scatter_idx={scatter_idx}, gather_idx="
@@ -150,12 +152,13 @@ def check_rotary(pg, P):
                 call(mine, batch_dim_idx, rotary),
                 call(theirs, batch_dim_idx, rotary),
                 shape_for(batch_dim_idx, bshd),
-                torch.device("cpu"),
+                device,
                 200 + n,
+                ref_device=device,
             )
 
 
-def check_errors(pg, P):
+def check_errors(pg, P, device):
     # Shapes DeepSpeed's even path refuses (an assert, a reshape error): q's heads not divisible
     # by P where heads are scattered, the sequence not divisible where it is scattered.
     for pair, q, kv in (
@@ -167,7 +170,7 @@ def check_errors(pg, P):
             (theirs, (AssertionError, RuntimeError)),
             (mine, FastUlyssesError),
         ):
-            qt, kvt = torch.randn(q), torch.randn(kv)
+            qt, kvt = torch.randn(q, device=device), torch.randn(kv, device=device)
             try:
                 module(qt, kvt, kvt, 0, None, "bshd")
             except error_type:
@@ -175,7 +178,7 @@ def check_errors(pg, P):
             else:
                 raise AssertionError(f"{pair} q {q}, k {kv}: {module} accepted it")
     # (1, 2) with 1 local key head < P: DeepSpeed asserts; ours raises before sending.
-    y = torch.randn(2, 3 * P, 1, 8)
+    y = torch.randn(2, 3 * P, 1, 8, device=device)
     mine, theirs = modules(1, 2, pg)
     try:
         theirs(y, y, y, 0, None, "bshd")
@@ -203,24 +206,39 @@ FUNCTIONS = {
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0, ours on the fast group (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    args = parser.parse_args()
+    # DeepSpeed's accelerator: the CPU one on CPU ranks (what it detects there too), CUDA's on
+    # ranks sharing the GPU; its all-to-alls go through torch.distributed either way.
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if args.shared_gpu else "cpu")
+
     def body(report, pg, P, device):
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
+        if args.shared_gpu:
+            check_fast_group(report, pg, P)
         for name in CHECKS:
             if name in MULTI_RANK and P == 1:
                 continue
             with report.check(f"{name}_P{P}"):
-                FUNCTIONS[name](pg, P)
+                FUNCTIONS[name](pg, P, device)
         group_for(pg).destroy()  # the registry's group for pg (collective)
 
-    return run_on_subgroups(False, body)
+    return run_on_subgroups(args.shared_gpu, body)
 
 
-def check_names(world: int) -> list[str]:
+def check_names(world: int, shared_gpu: bool = False) -> list[str]:
+    """Every check at every P; with shared_gpu at P = world only (one launch per P), after the
+    launch's multirank.FAST_GROUP_CHECK."""
     return [
         f"{name}_P{P}"
-        for P in subgroup_sizes(world, False)
+        for P in subgroup_sizes(world, shared_gpu)
         for name in CHECKS
         if not (name in MULTI_RANK and P == 1)
     ]

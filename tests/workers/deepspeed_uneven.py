@@ -1,6 +1,7 @@
 """The uneven-heads checks of deepspeed_adapter.py (see its docstring): DeepSpeed 0.19.8's
 `uneven_heads_all2all` path (key-value heads not divisible by P) against
-fast_ulysses.integrations.deepspeed.DistributedAttention, on one gloo group of P > 1 ranks."""
+fast_ulysses.integrations.deepspeed.DistributedAttention, on one gloo group of P > 1 ranks, the
+tensors on the worker's device (the CPU, or cuda:0 with --shared-gpu)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ def shares(kv, P):
     return [kv // P + (1 if r < kv % P else 0) for r in range(P)]
 
 
-def inputs(shapes, seed):
+def inputs(shapes, seed, device):
     g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
-    return [torch.randn(shape, generator=g) for shape in shapes]
+    return [torch.randn(shape, generator=g).to(device) for shape in shapes]
 
 
 def run(module, qkv, w, batch_dim_idx, layout, rotary, backward=True):
@@ -70,14 +71,14 @@ def run(module, qkv, w, batch_dim_idx, layout, rotary, backward=True):
     return [out.detach()] + ([t.grad for t in leaves] if backward else [])
 
 
-def compare(label, pg, pair, num_kv_heads, shapes, batch_dim_idx, seed, rotary=None):
-    """q, k, v of `shapes` (different on every rank): output and the three gradients bit for
-    bit against DeepSpeed's."""
+def compare(label, pg, pair, num_kv_heads, shapes, batch_dim_idx, seed, device, rotary=None):
+    """q, k, v of `shapes` (different on every rank) on `device`: output and the three gradients
+    bit for bit against DeepSpeed's."""
     layout = "bshd" if batch_dim_idx == 0 else "sbhd"
     mine, theirs = modules(pg, pair, num_kv_heads)
-    qkv = inputs(shapes, seed)
+    qkv = inputs(shapes, seed, device)
     # Both pairs (one index 2, the other the sequence) give an output shaped like q.
-    w = torch.randn(shapes[0], generator=torch.Generator().manual_seed(seed))
+    w = torch.randn(shapes[0], generator=torch.Generator().manual_seed(seed)).to(device)
     with deepspeed_rank(pg):
         want = run(theirs, qkv, w, batch_dim_idx, layout, rotary)
     got = run(mine, qkv, w, batch_dim_idx, layout, rotary)
@@ -100,7 +101,7 @@ def qkv_shapes(pair, seq_dim, batch_dim_idx, P, rank, hq, hk, kv):
     return [t if batch_dim_idx == 0 else (t[1], t[0], t[2], t[3]) for t in dims]
 
 
-def check_uneven(pg, P):
+def check_uneven(pg, P, device):
     rank = dist.get_rank(pg)
     n = 0
     for kv in (P + 1, 2 * P + 1):
@@ -128,9 +129,12 @@ def check_uneven(pg, P):
                         shapes,
                         batch_dim_idx,
                         500 + n,
+                        device,
                     )
     # rotary_pos_emb on the uneven path: (S, 1, 1, r) tables, the whole sequence after (2, 1).
-    angles = torch.rand(3 * P, 1, 1, 4, generator=torch.Generator().manual_seed(7)) * 6.28
+    angles = (torch.rand(3 * P, 1, 1, 4, generator=torch.Generator().manual_seed(7)) * 6.28).to(
+        device
+    )
     compare(
         "rotary_pos_emb, equal heads, DistributedAttention(2, 1)",
         pg,
@@ -139,6 +143,7 @@ def check_uneven(pg, P):
         qkv_shapes((2, 1), 1, 0, P, rank, P + 1, P + 1, P + 1),
         0,
         600,
+        device,
         (angles.cos(), angles.sin()),
     )
 
@@ -152,9 +157,9 @@ def expect_refusal(label, call, words):
         raise AssertionError(f"{label}: not refused")
 
 
-def check_uneven_errors(pg, P):
+def check_uneven_errors(pg, P, device):
     kv = P + 1
-    x = torch.randn(2, 3, kv, 8)
+    x = torch.randn(2, 3, kv, 8, device=device)
     # (2, 0) with (b, s, h, d): DeepSpeed's uneven path reshapes by dimension 0 (the batch) as if
     # it were the sequence, and fails; ours refuses before sending.
     mine, theirs = modules(pg, (2, 0), None)
@@ -172,7 +177,7 @@ def check_uneven_errors(pg, P):
     )
     # q heads not a multiple of the key-value heads (DeepSpeed's shares would not line up).
     mine, _ = modules(pg, (2, 1), None)
-    q = torch.randn(2, 3, kv + 1, 8)
+    q = torch.randn(2, 3, kv + 1, 8, device=device)
     expect_refusal(
         "q heads kv + 1", lambda: mine(q, x, x, 0, None, "bshd"), f"query has {kv + 1} heads"
     )
@@ -180,7 +185,7 @@ def check_uneven_errors(pg, P):
         return
     # DeepSpeed's float sizing: 13 key-value heads on 2 ranks (shares 7 and 6), one row a rank.
     # Head dim 9, equal heads: its forward's output gather comes out one short -> refused there.
-    x = torch.randn(2, 1, 13, 9)
+    x = torch.randn(2, 1, 13, 9, device=device)
     mine, _ = modules(pg, (2, 1), None)
     expect_refusal(
         "13 heads of 9 on 2 ranks",
@@ -189,7 +194,7 @@ def check_uneven_errors(pg, P):
     )
     # q with 39 heads (3 per key head), head dim 9: the output gathers 39 heads (fine), but the
     # backward gathers k's and v's 13 (one short): forward equal to DeepSpeed's, backward refused.
-    qkv = inputs([(2, 1, 39, 9), (2, 1, 13, 9), (2, 1, 13, 9)], 700)
+    qkv = inputs([(2, 1, 39, 9), (2, 1, 13, 9), (2, 1, 13, 9)], 700, device)
     mine, theirs = modules(pg, (2, 1), None)
     with deepspeed_rank(pg):
         want = run(theirs, qkv, None, 0, "bshd", None, backward=False)[0]

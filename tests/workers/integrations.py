@@ -73,22 +73,25 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
-def compare(label, ours, ref, x_shape, device, seed, grad=True):
+def compare(label, ours, ref, x_shape, device, seed, grad=True, ref_device=None):
     """ours(x), ref(x) on one random input, different on every rank (so a chunk sent to the
     wrong rank shows): forward and, with grad, x.grad bit for bit (grad=False where the
-    reference has no backward)."""
+    reference has no backward). Ours runs on `device`, the reference on `ref_device` (default
+    the CPU, over gloo)."""
+    ref_device = ref_device or torch.device("cpu")
     g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
     x = torch.randn(x_shape, generator=g)
-    # The reference runs on CPU (gloo), ours on `device`.
-    xa, xb = x.clone().to(device).requires_grad_(grad), x.clone().requires_grad_(grad)
+    xa, xb = (x.clone().to(d).requires_grad_(grad) for d in (device, ref_device))
     a, b = ours(xa), ref(xb)
-    assert same_bits(a.detach().cpu(), b.detach()), f"{label}: forward differs from the reference"
+    assert same_bits(a.detach().cpu(), b.detach().cpu()), (
+        f"{label}: forward differs from the reference"
+    )
     if not grad:
         return
     w = torch.randn(a.shape, generator=g)
     (a * w.to(device)).sum().backward()
-    (b * w).sum().backward()
-    assert same_bits(xa.grad.cpu(), xb.grad), f"{label}: x.grad differs from the reference"
+    (b * w.to(ref_device)).sum().backward()
+    assert same_bits(xa.grad.cpu(), xb.grad.cpu()), f"{label}: x.grad differs from the reference"
 
 
 def local_attention(q, k, v, layout):

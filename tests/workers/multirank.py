@@ -65,22 +65,37 @@ def subgroup_sizes(world: int, fast: bool) -> list[int]:
     return [world] if fast else list(range(1, world + 1))
 
 
-def run_framework_checks(report, pg, P: int, checks: dict, frameworks) -> None:
-    """Each framework's checks (`checks[framework]`: (name, fn(pg, P)) pairs) as `<name>_P<P>`."""
+def run_framework_checks(report, pg, P: int, checks: dict, frameworks, device) -> None:
+    """Each framework's checks (`checks[framework]`: (name, fn(pg, P, device)) pairs) as
+    `<name>_P<P>`."""
     for framework in frameworks:
         for name, fn in checks[framework]:
             with report.check(f"{name}_P{P}"):
-                fn(pg, P)
+                fn(pg, P, device)
 
 
-def framework_check_names(checks: dict, world: int) -> list[tuple[str, str]]:
-    """(framework, check name) of every check `run_framework_checks` runs at every P (gloo)."""
+def framework_check_names(checks: dict, world: int, fast: bool = False) -> list[tuple[str, str]]:
+    """(framework, check name) of every check `run_framework_checks` runs at every P of
+    `subgroup_sizes(world, fast)`."""
     return [
         (framework, f"{name}_P{P}")
-        for P in subgroup_sizes(world, False)
+        for P in subgroup_sizes(world, fast)
         for framework, framework_checks in checks.items()
         for name, _ in framework_checks
     ]
+
+
+FAST_GROUP_CHECK = "fast_group"
+
+
+def check_fast_group(report, pg, P: int) -> None:
+    """Check `fast_group_P<P>` of a worker whose ranks share a GPU: the registry's group for
+    `pg` is the fast one (not the fallback), so the checks after it test the fast path."""
+    from fast_ulysses.attention import group_for
+
+    with report.check(f"{FAST_GROUP_CHECK}_P{P}"):
+        group = group_for(pg)
+        assert not group.fallback, f"the fallback group was chosen: {group.fallback_reason}"
 
 
 def parse_shared_gpu_only(doc: str, argv=None):

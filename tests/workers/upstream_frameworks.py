@@ -1,14 +1,18 @@
 """One rank of the test against the installed frameworks themselves (tests/python/
-test_integrations.py, gloo CPU ranks; P = 1, 2, 3 as the last P ranks of the world), those named
-by --frameworks (yunchang, diffusers, deepspeed). Bit for bit, forward and, where upstream has
-one, every input's gradient:
+test_integrations.py, gloo CPU ranks; P = 1, 2, 3 as the last P ranks of the world; with
+--shared-gpu, tests/gpu/test_upstream_gpu.py: every rank on cuda:0, ours on the fast group,
+upstream's functions on the same CUDA tensors over the gloo process group, one launch per P),
+those named by --frameworks (yunchang, diffusers, deepspeed). Bit for bit, forward and, where
+upstream has one, every input's gradient:
+- fast_group_P<p> (--shared-gpu only): the registry's group is the fast one;
 - upstream_comm_P<p>: fast_ulysses.integrations.yunchang's all_to_all_4D (both ways, forward:
   yunchang's has no backward), SeqAllToAll4D and SeqAllToAll5D (both ways) against
   yunchang.comm.all_to_all's own;
 - upstream_attention_P<p>: yunchang's UlyssesAttention layer with its own all-to-alls, then the
   same layer after patch_yunchang() (fast-ulysses' all-to-alls; the rebinding undone after).
-  The layer's attention function is SDPA on CPU (yunchang's torch backends call the CUDA-only
-  flash kernel), the same in both runs;
+  The layer's attention function is SDPA's math backend, the same in both runs (yunchang's
+  torch backends call the CUDA-only flash kernel; the math backend's backward is deterministic
+  on a GPU too);
 - upstream_diffusers_P<p>: fast_ulysses.integrations.diffusers._all_to_all_dim_exchange both
   ways against diffusers' own (forward: diffusers' has no backward);
 - upstream_deepspeed_P<p>: fast_ulysses.integrations.deepspeed.DistributedAttention against
@@ -27,7 +31,13 @@ import integrations as adapters
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from multirank import framework_check_names, run_framework_checks, run_on_subgroups
+from multirank import (
+    check_fast_group,
+    framework_check_names,
+    run_framework_checks,
+    run_on_subgroups,
+)
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import deepspeed as ours_deepspeed
@@ -40,17 +50,18 @@ from fast_ulysses.integrations import yunchang as ours
 UPSTREAM: dict = {}
 
 
-def rank_input(shape, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed * 100 + dist.get_rank()))
+def rank_input(shape, seed, device):
+    g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
+    return torch.randn(shape, generator=g).to(device)
 
 
-def compare(label, f_ours, f_upstream, shape, seed, grad=True):
-    """The adapter worker's comparison on CPU ranks, upstream as the reference (grad=False where
-    upstream has no backward: yunchang's plain all_to_all_4D, diffusers' exchange)."""
-    adapters.compare(label, f_ours, f_upstream, shape, torch.device("cpu"), seed, grad)
+def compare(label, f_ours, f_upstream, shape, seed, device, grad=True):
+    """The adapter worker's comparison, both on `device`, upstream as the reference (grad=False
+    where upstream has no backward: yunchang's plain all_to_all_4D, diffusers' exchange)."""
+    adapters.compare(label, f_ours, f_upstream, shape, device, seed, grad, ref_device=device)
 
 
-def check_comm(pg, P):
+def check_comm(pg, P, device):
     up = UPSTREAM
     seq_in, head_in = (2, 3, 2 * P, 8), (2, 3 * P, 2, 8)
     compare(
@@ -59,6 +70,7 @@ def check_comm(pg, P):
         lambda x: up["all_to_all_4D"](x, 2, 1, pg),
         seq_in,
         1,
+        device,
         grad=False,
     )
     compare(
@@ -67,6 +79,7 @@ def check_comm(pg, P):
         lambda x: up["all_to_all_4D"](x, 1, 2, pg),
         head_in,
         2,
+        device,
         grad=False,
     )
     compare(
@@ -75,6 +88,7 @@ def check_comm(pg, P):
         lambda x: up["SeqAllToAll4D"].apply(pg, x, 2, 1),
         seq_in,
         3,
+        device,
     )
     compare(
         "SeqAllToAll4D(1, 2)",
@@ -82,6 +96,7 @@ def check_comm(pg, P):
         lambda x: up["SeqAllToAll4D"].apply(pg, x, 1, 2),
         head_in,
         6,
+        device,
     )
     compare(
         "SeqAllToAll5D(3, 1)",
@@ -89,6 +104,7 @@ def check_comm(pg, P):
         lambda x: up["SeqAllToAll5D"].apply(pg, x, 3, 1),
         (2, 3, 3, 2 * P, 8),
         4,
+        device,
     )
     compare(
         "SeqAllToAll5D(1, 3)",
@@ -96,25 +112,27 @@ def check_comm(pg, P):
         lambda x: up["SeqAllToAll5D"].apply(pg, x, 1, 3),
         (2, 3 * P, 3, 2, 8),
         5,
+        device,
     )
 
 
 def sdpa(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **_):
-    """The layer's attention function, (b, s, h, d) in and out."""
-    o = F.scaled_dot_product_attention(
-        *(t.transpose(1, 2) for t in (q, k, v)), scale=softmax_scale, is_causal=causal
-    )
+    """The layer's attention function, (b, s, h, d) in and out: SDPA's math backend."""
+    with sdpa_kernel(SDPBackend.MATH):
+        o = F.scaled_dot_product_attention(
+            *(t.transpose(1, 2) for t in (q, k, v)), scale=softmax_scale, is_causal=causal
+        )
     return o.transpose(1, 2)
 
 
-def check_attention(pg, P):
+def check_attention(pg, P, device):
     from yunchang.kernels import AttnType
     from yunchang.ulysses.attn_layer import UlyssesAttention
 
     layer = UlyssesAttention(pg, attn_type=AttnType.TORCH_MATH)
     layer.attn_fn = sdpa
-    q, k, v = (rank_input((2, 3, 2 * P, 8), seed) for seed in (10, 11, 12))
-    w = rank_input((2, 3, 2 * P, 8), 13)
+    q, k, v = (rank_input((2, 3, 2 * P, 8), seed, device) for seed in (10, 11, 12))
+    w = rank_input((2, 3, 2 * P, 8), 13, device)
 
     def run():
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -136,7 +154,7 @@ def check_attention(pg, P):
         assert adapters.same_bits(a, b), f"UlyssesAttention after patch_yunchang: {label} differs"
 
 
-def check_diffusers(pg, P):
+def check_diffusers(pg, P, device):
     from diffusers.models.attention_dispatch import _all_to_all_dim_exchange as upstream
 
     compare(
@@ -145,6 +163,7 @@ def check_diffusers(pg, P):
         lambda x: upstream(x, 2, 1, pg),
         (2, 3, 2 * P, 8),
         20,
+        device,
         grad=False,
     )
     compare(
@@ -153,16 +172,17 @@ def check_diffusers(pg, P):
         lambda x: upstream(x, 1, 2, pg),
         (2, 3 * P, 2, 8),
         21,
+        device,
         grad=False,
     )
 
 
-def check_deepspeed(pg, P):
+def check_deepspeed(pg, P, device):
     from deepspeed.sequence.layer import DistributedAttention as Upstream
 
     g = torch.Generator().manual_seed(31)
-    seq_first = torch.rand(3 * P, 1, 1, 4, generator=g) * 6.28  # (S, 1, 1, r): for bshd
-    per_batch = torch.rand(2, 3 * P, 1, 4, generator=g) * 6.28  # (b, S, 1, r): for sbhd
+    seq_first = (torch.rand(3 * P, 1, 1, 4, generator=g) * 6.28).to(device)  # (S, 1, 1, r): bshd
+    per_batch = (torch.rand(2, 3 * P, 1, 4, generator=g) * 6.28).to(device)  # (b, S, 1, r): sbhd
     cases = [
         ("batch_dim_idx=0", 0, "bshd", (2, 3, 2 * P, 8), None),
         ("batch_dim_idx=1", 1, "sbhd", (3, 2, 2 * P, 8), None),
@@ -193,6 +213,7 @@ def check_deepspeed(pg, P):
             run(Upstream),
             shape,
             30 + n,
+            device,
         )
 
 
@@ -211,7 +232,13 @@ def main() -> int:
         default=",".join(CHECKS),
         help=f"comma-separated, of {', '.join(CHECKS)} (default: all)",
     )
-    frameworks = [f for f in parser.parse_args().frameworks.split(",") if f]
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0, ours on the fast group (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    args = parser.parse_args()
+    frameworks = [f for f in args.frameworks.split(",") if f]
     unknown = [f for f in frameworks if f not in CHECKS]
     if unknown:
         parser.error(f"--frameworks: unknown {unknown}; known: {', '.join(CHECKS)}")
@@ -229,15 +256,18 @@ def main() -> int:
             import deepspeed
 
             deepspeed.init_distributed(dist_backend="gloo")
-        run_framework_checks(report, pg, P, CHECKS, frameworks)
+        if args.shared_gpu:
+            check_fast_group(report, pg, P)
+        run_framework_checks(report, pg, P, CHECKS, frameworks, device)
         group_for(pg).destroy()  # the registry's group for pg (collective)
 
-    return run_on_subgroups(False, body)
+    return run_on_subgroups(args.shared_gpu, body)
 
 
-def check_names(world: int) -> list[tuple[str, str]]:
-    """(framework, check name) of every check at every P."""
-    return framework_check_names(CHECKS, world)
+def check_names(world: int, shared_gpu: bool = False) -> list[tuple[str, str]]:
+    """(framework, check name) of every framework check at every P; with shared_gpu at P = world
+    only (one launch per P), after the launch's multirank.FAST_GROUP_CHECK."""
+    return framework_check_names(CHECKS, world, shared_gpu)
 
 
 if __name__ == "__main__":

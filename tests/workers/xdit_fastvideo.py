@@ -1,7 +1,10 @@
 """One rank of tests/python/test_xdit_fastvideo.py (gloo CPU ranks; P = 1, 2, 3 as the last P
-ranks of the world): fast-ulysses' xDiT and FastVideo adapters against the functions the real
-packages define (imported as upstream_nodeps.py describes), bit for bit, forward and every
+ranks of the world; with --shared-gpu, tests/gpu/test_upstream_gpu.py: every rank on cuda:0,
+ours on the fast group, upstream's functions on the same CUDA tensors over the gloo process
+group, one launch per P): fast-ulysses' xDiT and FastVideo adapters against the functions the
+real packages define (imported as upstream_nodeps.py describes), bit for bit, forward and every
 input's gradient:
+- fast_group_P<p> (--shared-gpu only): the registry's group is the fast one;
 - xfuser_usp_P<p>: fast_ulysses.integrations.xfuser's input_all_to_all, output_all_to_all,
   combined_qkv_all_to_all and combined_gqa_qkv_all_to_all against xfuser.model_executor.layers
   .usp's _ft_c_input_all_to_all, _ft_c_output_all_to_all, _combined_qkv_all_to_all and
@@ -33,7 +36,12 @@ import integrations as adapters
 import torch
 import torch.distributed as dist
 import upstream_nodeps as upstream
-from multirank import framework_check_names, run_framework_checks, run_on_subgroups
+from multirank import (
+    check_fast_group,
+    framework_check_names,
+    run_framework_checks,
+    run_on_subgroups,
+)
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations import fastvideo as ours_fastvideo
@@ -48,22 +56,22 @@ NAMES = (
 )
 
 
-def rank_inputs(shapes, seed):
+def rank_inputs(shapes, seed, device):
     g = torch.Generator().manual_seed(seed * 100 + dist.get_rank())
-    return [torch.randn(shape, generator=g) for shape in shapes]
+    return [torch.randn(shape, generator=g).to(device) for shape in shapes]
 
 
-def compare_many(label, f_ours, f_theirs, shapes, seed):
+def compare_many(label, f_ours, f_theirs, shapes, seed, device):
     """f(*inputs) -> a tensor or a tuple of them: every output and every input's gradient, bit
     for bit."""
-    xs = rank_inputs(shapes, seed)
+    xs = rank_inputs(shapes, seed, device)
     results = []
     for f in (f_ours, f_theirs):
         leaves = [x.clone().requires_grad_() for x in xs]
         out = f(*leaves)
         outs = out if isinstance(out, tuple) else (out,)
         g = torch.Generator().manual_seed(seed)
-        sum((o * torch.randn(o.shape, generator=g)).sum() for o in outs).backward()
+        sum((o * torch.randn(o.shape, generator=g).to(device)).sum() for o in outs).backward()
         results.append(([o.detach() for o in outs], [x.grad for x in leaves]))
     (a_out, a_grad), (b_out, b_grad) = results
     assert len(a_out) == len(b_out), f"{label}: {len(a_out)} outputs, upstream {len(b_out)}"
@@ -73,16 +81,16 @@ def compare_many(label, f_ours, f_theirs, shapes, seed):
         assert adapters.same_bits(a, b), f"{label}: input {i}'s gradient differs from upstream's"
 
 
-def compare_usp(label, f_ours, f_theirs, inverse, shapes, seed):
+def compare_usp(label, f_ours, f_theirs, inverse, shapes, seed, device):
     """Outputs bit for bit against xDiT's; each input's gradient against `inverse` (xDiT's
     reverse all-to-all) of the weight its output got."""
-    xs = rank_inputs(shapes, seed)
+    xs = rank_inputs(shapes, seed, device)
     leaves = [x.clone().requires_grad_() for x in xs]
     got, want = f_ours(*leaves), f_theirs(*xs)
     got, want = (t if isinstance(t, tuple) else (t,) for t in (got, want))
     assert len(got) == len(want), f"{label}: {len(got)} outputs, xDiT's {len(want)}"
     g = torch.Generator().manual_seed(seed)
-    weights = [torch.randn(o.shape, generator=g) for o in got]
+    weights = [torch.randn(o.shape, generator=g).to(device) for o in got]
     for i, (a, b) in enumerate(zip(got, want)):
         assert adapters.same_bits(a.detach(), b), f"{label}: output {i} differs from xDiT's"
     sum((o * w).sum() for o, w in zip(got, weights)).backward()
@@ -117,7 +125,7 @@ def usp_cases(P):
     ]
 
 
-def check_usp(pg, P):
+def check_usp(pg, P, device):
     usp = usp_module(pg, P)
     for n, (mine, name, shapes, label, reverse) in enumerate(usp_cases(P)):
         theirs, inverse = getattr(usp, name), getattr(usp, reverse)
@@ -128,11 +136,14 @@ def check_usp(pg, P):
             inverse,
             shapes,
             40 + n,
+            device,
         )
-        compare_usp(f"{label} ({name}), xDiT's group", mine, theirs, inverse, shapes, 50 + n)
+        compare_usp(
+            f"{label} ({name}), xDiT's group", mine, theirs, inverse, shapes, 50 + n, device
+        )
 
 
-def check_patch(pg, P):
+def check_patch(pg, P, device):
     usp = usp_module(pg, P)
     theirs = {name: getattr(usp, name) for name in NAMES}
     patched = ours_xfuser.patch_xfuser()
@@ -148,6 +159,7 @@ def check_patch(pg, P):
                 theirs[reverse],
                 shapes,
                 60 + n,
+                device,
             )
     finally:
         restored = ours_xfuser.unpatch_xfuser()
@@ -156,11 +168,11 @@ def check_patch(pg, P):
         assert getattr(usp, name) is theirs[name], f"unpatch_xfuser left {name} rebound"
 
 
-def check_fastvideo(pg, P):
+def check_fastvideo(pg, P, device):
     comm = upstream.load(
         "fastvideo", "fastvideo.distributed.device_communicators.base_device_communicator"
     )
-    communicator = comm.DeviceCommunicatorBase(pg, device_group=pg)
+    communicator = comm.DeviceCommunicatorBase(pg, device=device, device_group=pg)
     for n, (pair, shape) in enumerate((((2, 1), (2, 3, 2 * P, 8)), ((1, 2), (2, 3 * P, 2, 8)))):
         mine = lambda x, pair=pair: ours_fastvideo.all_to_all_4D(x, *pair, group=pg)  # noqa: E731
         compare_many(
@@ -169,6 +181,7 @@ def check_fastvideo(pg, P):
             lambda x, pair=pair: comm.DistributedAutograd.AllToAll4D.apply(pg, x, P, *pair),
             [shape],
             70 + n,
+            device,
         )
         compare_many(
             f"all_to_all_4D{pair} against DeviceCommunicatorBase.all_to_all_4D",
@@ -176,6 +189,7 @@ def check_fastvideo(pg, P):
             lambda x, pair=pair: communicator.all_to_all_4D(x, *pair),
             [shape],
             80 + n,
+            device,
         )
 
 
@@ -193,21 +207,30 @@ def main() -> int:
         default=",".join(CHECKS),
         help=f"comma-separated, of {', '.join(CHECKS)} (default: all)",
     )
-    frameworks = [f for f in parser.parse_args().frameworks.split(",") if f]
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0, ours on the fast group (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    args = parser.parse_args()
+    frameworks = [f for f in args.frameworks.split(",") if f]
     unknown = [f for f in frameworks if f not in CHECKS]
     if unknown:
         parser.error(f"--frameworks: unknown {unknown}; known: {', '.join(CHECKS)}")
 
     def body(report, pg, P, device):
-        run_framework_checks(report, pg, P, CHECKS, frameworks)
+        if args.shared_gpu:
+            check_fast_group(report, pg, P)
+        run_framework_checks(report, pg, P, CHECKS, frameworks, device)
         group_for(pg).destroy()  # the registry's group for pg (collective)
 
-    return run_on_subgroups(False, body)
+    return run_on_subgroups(args.shared_gpu, body)
 
 
-def check_names(world: int) -> list[tuple[str, str]]:
-    """(framework, check name) of every check at every P."""
-    return framework_check_names(CHECKS, world)
+def check_names(world: int, shared_gpu: bool = False) -> list[tuple[str, str]]:
+    """(framework, check name) of every framework check at every P; with shared_gpu at P = world
+    only (one launch per P), after the launch's multirank.FAST_GROUP_CHECK."""
+    return framework_check_names(CHECKS, world, shared_gpu)
 
 
 if __name__ == "__main__":
