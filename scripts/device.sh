@@ -51,6 +51,22 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
+# The packages the adapters are tested against (tests/gpu/test_upstream_gpu.py), from .whl/upstream:
+# yunchang and DeepSpeed (pinned in requirements/dev.txt) with what they need and the image lacks
+# (everything but torch and numpy is there; pip keeps what is installed, or else takes every wheel
+# as it is), and xfuser and fastvideo (.whl/upstream/nodeps) into build/upstream-nodeps, as .ci/run.
+if [ -d .whl/upstream ]; then
+  { python3 -m pip install --no-index --find-links .whl/upstream \
+      $(grep -E '^(yunchang|deepspeed)==' requirements/dev.txt) \
+    || python3 -m pip install --no-index --no-deps .whl/upstream/*.whl
+    python3 -m pip install --no-index --find-links .whl/upstream/nodeps --no-deps --upgrade \
+      --target build/upstream-nodeps -r requirements/upstream-nodeps.txt
+  } > "$OUT/upstream_install.log" 2>&1 || tail -5 "$OUT/upstream_install.log"
+  python3 -c "import glob, importlib.metadata as m, importlib.util as u
+got = [f'{n} {m.version(n)}' if u.find_spec(n) else f'{n} MISSING' for n in ('yunchang', 'deepspeed', 'diffusers')]
+print('upstream:', ', '.join(got), '| build/upstream-nodeps:', ' '.join(sorted(
+    p.split('/')[-1][:-len('.dist-info')] for p in glob.glob('build/upstream-nodeps/*.dist-info'))))"
+fi
 # The system g++: a compiler wrapper that links libstdc++ statically into shared objects breaks
 # the extension (docs/INSTALL.md, "Known build pitfall").
 # Forced, not defaulted: an image may set CXX to such a wrapper, and CMake caches the compiler
