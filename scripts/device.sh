@@ -56,8 +56,11 @@ fi
 # (everything but torch and numpy is there; pip keeps what is installed, or else takes every wheel
 # as it is), and xfuser and fastvideo (.whl/upstream/nodeps) into build/upstream-nodeps, as .ci/run.
 if [ -d .whl/upstream ]; then
+  # (diffusers too, where its wheels travel in .whl/diffusers)
+  diffusers_pin=$([ -d .whl/diffusers ] && grep -E '^diffusers==' requirements/dev.txt)
   { python3 -m pip install --no-index --find-links .whl/upstream \
-      $(grep -E '^(yunchang|deepspeed)==' requirements/dev.txt) \
+      ${diffusers_pin:+--find-links .whl/diffusers} \
+      $(grep -E '^(yunchang|deepspeed)==' requirements/dev.txt) $diffusers_pin \
     || python3 -m pip install --no-index --no-deps .whl/upstream/*.whl
     python3 -m pip install --no-index --find-links .whl/upstream/nodeps --no-deps --upgrade \
       --target build/upstream-nodeps -r requirements/upstream-nodeps.txt
