@@ -117,7 +117,7 @@ void UlyssesGroup::issue_one_rank(const Acquired& a, const at::Tensor& x, const 
     }
   }
   // A deferred tag refuses its next call until barrier(), with peers or without (one rule).
-  if (a.call.deferred) note_deferred(a.tag);
+  if (a.call.deferred) note_deferred(a.tag, a.capturing);
 }
 
 void UlyssesGroup::issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan,
@@ -132,7 +132,7 @@ void UlyssesGroup::issue_fused(const Acquired& a, const at::Tensor& x, const Pla
     launch_fused(fused, a.window.peers, comm_);  // this rank's own share too, into its window
   }
   if (a.call.deferred) {
-    note_deferred(a.tag);
+    note_deferred(a.tag, a.capturing);
     StageScope stage(profile_, Stage::kFinish);
     hold_until_barrier(x, &fused.reads);
     return;
@@ -177,7 +177,7 @@ void UlyssesGroup::issue_on_comm(const Acquired& a, const at::Tensor& x, const P
     StageScope stage(profile_, Stage::kOwnShare);
     copy_own(plan.copies[rank()], x, a.out, a.caller);
   }
-  if (a.call.deferred) note_deferred(a.tag);
+  if (a.call.deferred) note_deferred(a.tag, a.capturing);
   StageScope stage(profile_, Stage::kFinish);
   if (a.call.deferred) {
     hold_until_barrier(x, nullptr);
@@ -186,8 +186,9 @@ void UlyssesGroup::issue_on_comm(const Acquired& a, const at::Tensor& x, const P
   }
 }
 
-void UlyssesGroup::note_deferred(TagState& tag) {
+void UlyssesGroup::note_deferred(TagState& tag, bool capturing) {
   tag.deferred = true;
+  tag.deferred_eagerly = !capturing;
   ++deferred_tags_;
 }
 

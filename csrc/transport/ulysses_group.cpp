@@ -269,6 +269,15 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
   // tag's window and handshake words.
   if (in_capture) captured_ = true;
   const bool defer_join = defer_asked && world_size() > 1 && !deferred && !captured_;
+  if (!in_capture && world_size() > 1) {
+    // A call from another stream than the last: the last caller's work (a cached graph launched
+    // on it, or its own share) is ordered before this call's through M, not through C.
+    if (last_caller_ != nullptr && caller != last_caller_) {
+      events_.join(last_caller_, comm_);
+      unjoined_ = true;
+    }
+    last_caller_ = caller;
+  }
   return Acquired{tag,
                   window,
                   std::move(out),
@@ -314,10 +323,28 @@ void UlyssesGroup::barrier() {
   c10::cuda::CUDAGuard guard(device_);
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
+  if (in_capture) {
+    // A captured barrier is ordered after the graph's own calls on every replay, never after
+    // an eager call's transfer: it cannot close a tag deferred outside the capture.
+    for (const auto& [name, tag] : tags_)
+      TORCH_CHECK_VALUE(!(tag.deferred && tag.deferred_eagerly),
+                        "barrier() is being captured "
+                        "into a CUDA graph while tag '",
+                        name,
+                        "' has an eager barrier=False "
+                        "call not yet closed: a replayed barrier would not wait for that call's "
+                        "transfer. Call barrier() before capturing, or capture the "
+                        "barrier=False calls with it");
+  }
   for (auto& entry : tags_) entry.second.deferred = false;
   deferred_tags_ = 0;
   if (world_size() == 1) return;
   ++barriers_;
+  if (!in_capture) {
+    // As for a call (acquire()): after the last caller's work when it ran on another stream.
+    if (last_caller_ != nullptr && caller != last_caller_) events_.join(last_caller_, comm_);
+    last_caller_ = caller;
+  }
   events_.join(caller, comm_);  // under capture this also brings M into the graph
   full_round(Handshake::kBarrierSlot, Word::kBarrierA);
   full_round(Handshake::kBarrierSlot, Word::kBarrierB);

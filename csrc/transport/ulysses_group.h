@@ -105,6 +105,7 @@ class UlyssesGroup {
     int slot = 0;
     uint64_t calls = 0;     // calls issued with this tag (for the watchdog's report)
     bool deferred = false;  // last call was borrowed with barrier=false, barrier() not yet run
+    bool deferred_eagerly = false;  // ... and that call was not being captured
     // An owned call on the tag was issued (eager, or captured into a graph): my held_owned
     // words on its slot may hold 1 from now on. Until then they are 0 and never waited for
     // outside a capture (open()).
@@ -166,7 +167,7 @@ class UlyssesGroup {
   // Forked into M: the cached graph there (with `try_graph`) or call by call, then the join.
   void issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan, bool try_graph);
   // A borrowed call with barrier=false: its tag refuses the next call until barrier().
-  void note_deferred(TagState& tag);
+  void note_deferred(TagState& tag, bool capturing);
   // A deferred call's x (and a fused call's other inputs) stay unused until M is done with them:
   // barrier() joins M into C.
   void hold_until_barrier(const at::Tensor& x, const std::vector<at::Tensor>* reads);
@@ -231,6 +232,10 @@ class UlyssesGroup {
   // A call of this group was captured into a CUDA graph: no eager call defers its join from then
   // on (a replay, launched on C by the caller, could not be ordered after such work on M).
   bool captured_ = false;
+  // The stream of the last eager call (P > 1). The strategies order a call after the previous
+  // ones through one caller stream; a call from another stream first makes M wait for that
+  // stream, and counts M as unjoined, so it and the calls after it go through M until joined.
+  cudaStream_t last_caller_ = nullptr;
 };
 
 }  // namespace fast_ulysses::transport

@@ -67,6 +67,11 @@ Window WindowPool::carve(Segment& segment, int index, int64_t bytes) const {
   for (char* base : segment.bases) window.peers.push_back(base + window.offset);
   window.local = window.peers[rank_];
   segment.used += align_up(std::max<int64_t>(bytes, 1), kAlignment);
+  auto* keep = new at::Tensor(segment.storage);  // the segment outlives every view of the window
+  c10::DataPtr data(
+      window.local, keep, [](void* held) { delete static_cast<at::Tensor*>(held); }, device_);
+  window.storage = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(bytes),
+                                std::move(data), /*allocator=*/nullptr, /*resizable=*/false);
   return window;
 }
 
@@ -113,16 +118,13 @@ void WindowPool::reserve(const std::vector<std::pair<int, int64_t>>& slots) {
 at::Tensor WindowPool::local_tensor(const Window& window, c10::IntArrayRef shape,
                                     at::ScalarType dtype) const {
   const at::Tensor& base = segments_[window.segment].storage;
-  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-  const int64_t start = base.storage_offset() * base.element_size() + window.offset;
-  int64_t bytes = element;
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
   for (const int64_t extent : shape) bytes *= extent;
-  TORCH_CHECK(start % element == 0 && bytes <= window.bytes, "window of ", window.bytes,
-              " bytes at ", start, " cannot hold ", shape, " of ", dtype);
+  TORCH_CHECK(bytes <= window.bytes, "window of ", window.bytes, " bytes cannot hold ", shape,
+              " of ", dtype);
   at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(base.storage()), base.key_set(), c10::scalarTypeToTypeMeta(dtype));
+      c10::Storage(window.storage), base.key_set(), c10::scalarTypeToTypeMeta(dtype));
   view.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  view.unsafeGetTensorImpl()->set_storage_offset(start / element);
   return view;
 }
 

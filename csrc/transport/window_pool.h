@@ -26,6 +26,10 @@ struct Window {
   int64_t bytes = 0;
   char* local = nullptr;     // my window
   std::vector<char*> peers;  // every rank's window, as I address it (peers[rank] == local)
+  // My window as a storage of its own (keeping its segment alive): c10d keys a result's wait
+  // by its storage, so each borrowed result must have its own, or the first use of one would
+  // consume every other window's wait, on whatever stream it ran.
+  c10::Storage storage;
 };
 
 class WindowPool {
@@ -50,9 +54,9 @@ class WindowPool {
   void reserve(const std::vector<std::pair<int, int64_t>>& slots);
   bool sealed() const { return sealed_; }
 
-  // A contiguous tensor of `shape` and `dtype` at the start of my window, sharing the segment's
-  // storage (it keeps the segment alive). Built without the dispatcher (a TensorImpl over the
-  // segment's Storage), as this is on every borrowed call's path; the window must hold it.
+  // A contiguous tensor of `shape` and `dtype` at the start of my window, over the window's
+  // own storage. Built without the dispatcher (a TensorImpl over that Storage), as this is on
+  // every borrowed call's path; the window must hold it.
   at::Tensor local_tensor(const Window& window, c10::IntArrayRef shape, at::ScalarType dtype) const;
 
   int64_t capacity() const;

@@ -1,7 +1,8 @@
 """GPU tests of CUDA-graph capture: P = 1..8 ranks sharing this machine's first
 GPU over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1), each run once as the worker
 tests/workers/graph_correctness.py through the launch_ranks fixture (every entry point captured and
-replayed, an eager result read in a capture, eager results unused across a replay, a captured attention layer, eager calls between replays, a tag's first owned call after
+replayed, an eager result read in a capture, eager results unused across a replay, a captured
+barrier refused while an eager barrier=False call is open, a captured attention layer, eager calls between replays, a tag's first owned call after
 a capture, two graphs on one group, the capture-time error, torch.compile reduce-overhead, the
 kernel census), with one test per check and P. They skip, saying why, where no GPU is visible."""
 

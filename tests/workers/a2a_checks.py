@@ -533,6 +533,60 @@ class Checker:
         )
         self.passed.append("out=: bit-exact into the caller's buffer; wrong out refused")
 
+    def check_streams(self) -> None:
+        """Calls from two streams the caller does not order against each other, one rank late
+        in turn (0.2 s of host time before its call), so a missing wait shows as stale data.
+        (1) Two borrowed results in flight: the first used on a side stream, the other then on
+        the caller's stream, which must still wait for its own transfer (each window has a
+        storage of its own; c10d keys waits by storage). (2) One tag's owned calls, with and
+        without out=, alternating between the two streams back to back: the group orders each
+        call after the other stream's last one (a cached graph may have run there)."""
+        case = cases(self.P)[0]
+        main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+        rounds = 2 * self.P
+        xs = [inputs_for(case, self.P, seed=700 + i) for i in range(3 * rounds)]
+        wants = [fu.simulate(x, 0, **self.splits(case))[self.rank] for x in xs]
+        got = []
+        for i in range(rounds):
+            q = self.group.all_to_all_single_4d_borrowed(
+                xs[2 * i][self.rank].to(self.device), 0, "streams-q", **self.splits(case)
+            )
+            if self.rank == i % self.P:
+                time.sleep(0.2)
+            k = self.group.all_to_all_single_4d_borrowed(
+                xs[2 * i + 1][self.rank].to(self.device), 0, "streams-k", **self.splits(case)
+            )
+            with torch.cuda.stream(side):
+                q_copy = q * 1  # q's first use, on the side stream
+            k_copy = k * 1  # k's first use, on the caller's stream
+            main.wait_stream(side)  # the side read before the next call with q's tag
+            got.append((f"round {i}: borrowed q first used on a side stream", q_copy, 2 * i))
+            got.append((f"round {i}: borrowed k then used on the caller's", k_copy, 2 * i + 1))
+        for i in range(rounds):
+            stream = main if i % 2 == 0 else side
+            x_index = 2 * rounds + i
+            with torch.cuda.stream(stream):
+                x = xs[x_index][self.rank].to(self.device)
+                if self.rank == i % self.P:
+                    time.sleep(0.2)
+                if i % 4 < 2:
+                    out = torch.empty_like(wants[x_index], device=self.device)
+                    y = self.group.all_to_all_single_4d(
+                        x, 0, "streams-t", out=out, **self.splits(case)
+                    )
+                else:
+                    y = self.group.all_to_all_single_4d(x, 0, "streams-t", **self.splits(case))
+                kept = y * 1
+            where = "main" if stream is main else "side"
+            got.append((f"round {i}: owned call on the {where} stream", kept, x_index))
+        torch.cuda.synchronize()
+        for name, tensor, index in got:
+            self.expect(name, tensor, wants[index])
+        self.passed.append(
+            f"two streams: {rounds} borrowed pairs used on different streams, {rounds} calls "
+            "on one tag alternating streams"
+        )
+
     def check_async_result(self) -> None:
         """Eager results with peers are AsyncCollectiveTensors (plain tensors at P = 1). Work
         queued on the caller's stream after the call runs while the transfer still waits for a

@@ -388,6 +388,37 @@ def check_eager_result_unused_across_replay(ctx: Ctx) -> str:
     return f"{n} eager calls, each result used only after the next replay"
 
 
+@check
+def check_captured_barrier_after_eager_deferred_raises(ctx: Ctx) -> str:
+    """barrier() captured while a tag has an eager barrier=False call not yet closed raises
+    ValueError naming the tag (a replayed barrier would not wait for that call's transfer);
+    torch ends the capture, an eager barrier() closes the call, whose result is then checked."""
+    group = ctx.group()
+    call = Call(pick(ctx.P, "bshd", torch.float16), 0, "open-q", "deferred")
+    xs = call.inputs(ctx.P, seed=8_500)
+    ctx.where = "eager barrier=False call"
+    q = group.all_to_all_single_4d_borrowed(
+        xs[ctx.rank].to(ctx.device), call.mode, call.tag, barrier=False, **call.splits()
+    )
+    try:
+        ctx.capture_fn(group.barrier, where="capture of barrier()")
+    except ValueError as error:
+        assert "'open-q'" in str(error) and "before capturing" in str(error), (
+            f"rank {ctx.rank}: {ctx.check}: the ValueError does not name the tag and the fix: "
+            f"{error}"
+        )
+    else:
+        raise AssertionError(
+            f"rank {ctx.rank}: {ctx.check}: barrier() captured after an eager barrier=False call "
+            "did not raise"
+        )
+    ctx.where = "eager barrier() after the refused capture"
+    group.barrier()
+    ctx.expect("the barrier=False result after an eager barrier()", q, call.want(xs, ctx.rank))
+    finish(group)
+    return "refused with the tag named; the eager barrier() closed the call"
+
+
 # -- a captured layer ---------------------------------------------------------------------------
 
 
