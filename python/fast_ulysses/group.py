@@ -316,6 +316,7 @@ class UlyssesGroup:
         ops.destroy_group(self.group_name)
         self._destroyed = True
         unregister_debugged(self)
+        self.process_group = None  # (see TorchUlyssesGroup.destroy)
 
     def __repr__(self) -> str:
         return group_repr(

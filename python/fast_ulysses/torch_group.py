@@ -252,8 +252,11 @@ class TorchUlyssesGroup:
 
     def destroy(self) -> None:
         """Ends the group's use; later calls raise FastUlyssesError (a RuntimeError). Calling
-        it again is a no-op."""
+        it again is a no-op. Lets go of the process group (`process_group` becomes None), so
+        that dist.destroy_process_group() frees it while the interpreter is alive."""
         self._destroyed = True
+        self.process_group = None
+        self._call_check = None
 
     def __repr__(self) -> str:
         return group_repr(

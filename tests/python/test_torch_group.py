@@ -153,6 +153,9 @@ def test_group_attributes_and_lifetime(world1):
     assert group.fallback is True and group.fallback_reason == "requested"
     assert TorchUlyssesGroup().process_group is world1  # None: the default group
     group.destroy()
+    # It lets go of the process group, so that destroy_process_group() frees the group while
+    # the interpreter is alive (a gloo group still referenced at exit can abort the process).
+    assert group.process_group is None, "destroy() kept its process group"
     group.destroy()  # a second destroy is harmless
     with pytest.raises(RuntimeError, match="destroyed"):
         group.all_to_all_single_4d(torch.ones(1, 2, 2, 8), 0, "t")
