@@ -250,6 +250,9 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
                 "for it: call torch.cuda.synchronize() before capturing (torch.cuda.graph does)");
     unjoined_ = false;  // the device is past every call M was given before the capture
   }
+  // (Before the tag's state changes. Should the result's allocation still fail, this has only
+  // ordered M, or C, after work that came before the call anyway.)
+  if (!in_capture) follow_last_caller(caller);
   TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
   const bool deferred = !owned && !barrier;
   at::Tensor out = !owned ? pool_.local_tensor(window, shape_of(plan.output_shape), x.scalar_type())
@@ -269,15 +272,6 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& pl
   // tag's window and handshake words.
   if (in_capture) captured_ = true;
   const bool defer_join = defer_asked && world_size() > 1 && !deferred && !captured_;
-  if (!in_capture && world_size() > 1) {
-    // A call from another stream than the last: the last caller's work (a cached graph launched
-    // on it, or its own share) is ordered before this call's through M, not through C.
-    if (last_caller_ != nullptr && caller != last_caller_) {
-      events_.join(last_caller_, comm_);
-      unjoined_ = true;
-    }
-    last_caller_ = caller;
-  }
   return Acquired{tag,
                   window,
                   std::move(out),
@@ -340,16 +334,26 @@ void UlyssesGroup::barrier() {
   deferred_tags_ = 0;
   if (world_size() == 1) return;
   ++barriers_;
-  if (!in_capture) {
-    // As for a call (acquire()): after the last caller's work when it ran on another stream.
-    if (last_caller_ != nullptr && caller != last_caller_) events_.join(last_caller_, comm_);
-    last_caller_ = caller;
-  }
-  events_.join(caller, comm_);  // under capture this also brings M into the graph
+  if (!in_capture) follow_last_caller(caller);  // as for a call
+  events_.join(caller, comm_);                  // under capture this also brings M into the graph
   full_round(Handshake::kBarrierSlot, Word::kBarrierA);
   full_round(Handshake::kBarrierSlot, Word::kBarrierB);
   batch_.issue(comm_);
   join_caller(caller, CallKind::kBarrier, nullptr, Handshake::kBarrierSlot, barriers_, in_capture);
+}
+
+void UlyssesGroup::follow_last_caller(cudaStream_t caller) {
+  if (last_caller_ && *last_caller_ != caller) {
+    // The last caller's work (a cached graph launched on it, or its own share) is ordered
+    // before this call's through M, not through this caller's stream.
+    if (world_size() == 1) {
+      events_.join(*last_caller_, caller);
+    } else {
+      events_.join(*last_caller_, comm_);
+      unjoined_ = true;
+    }
+  }
+  last_caller_ = caller;
 }
 
 void UlyssesGroup::quiesce() {

@@ -29,6 +29,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -232,10 +233,15 @@ class UlyssesGroup {
   // A call of this group was captured into a CUDA graph: no eager call defers its join from then
   // on (a replay, launched on C by the caller, could not be ordered after such work on M).
   bool captured_ = false;
-  // The stream of the last eager call (P > 1). The strategies order a call after the previous
-  // ones through one caller stream; a call from another stream first makes M wait for that
-  // stream, and counts M as unjoined, so it and the calls after it go through M until joined.
-  cudaStream_t last_caller_ = nullptr;
+  // The stream of the last eager call or barrier (none yet: nullopt; the default stream's
+  // handle is null). The strategies order a call after the previous ones through one caller
+  // stream; a call from another stream first makes M wait for that stream, and counts M as
+  // unjoined, so it and the calls after it go through M until joined (at P = 1, where there is
+  // no M, the caller's stream waits for the last one).
+  std::optional<cudaStream_t> last_caller_;
+  // Orders `caller` after the last caller's work when they differ (above); then `caller` is the
+  // last caller. Not under capture: a graph's work is ordered by its replay's stream.
+  void follow_last_caller(cudaStream_t caller);
 };
 
 }  // namespace fast_ulysses::transport
