@@ -98,6 +98,29 @@ def check_fast_group(report, pg, P: int) -> None:
         assert not group.fallback, f"the fallback group was chosen: {group.fallback_reason}"
 
 
+def parse_framework_args(checks: dict, argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """A framework worker's arguments: --frameworks (comma-separated keys of `checks`, default
+    all) and --shared-gpu. Returns the arguments and the frameworks named; exits through
+    argparse naming an unknown one."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--frameworks",
+        default=",".join(checks),
+        help=f"comma-separated, of {', '.join(checks)} (default: all)",
+    )
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="every rank on cuda:0, ours on the fast group (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
+    )
+    args = parser.parse_args(argv)
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    unknown = [f for f in frameworks if f not in checks]
+    if unknown:
+        parser.error(f"--frameworks: unknown {unknown}; known: {', '.join(checks)}")
+    return args, frameworks
+
+
 def parse_shared_gpu_only(doc: str, argv=None):
     """Arguments of a GPU worker that has no options: `--shared-gpu` accepted, for a launch
     like every GPU worker's, since it always runs its ranks on cuda:0 over gloo."""

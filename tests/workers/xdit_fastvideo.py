@@ -28,7 +28,6 @@ Every rank's input is different, so a chunk sent to the wrong rank shows.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 
@@ -39,6 +38,7 @@ import upstream_nodeps as upstream
 from multirank import (
     check_fast_group,
     framework_check_names,
+    parse_framework_args,
     run_framework_checks,
     run_on_subgroups,
 )
@@ -201,22 +201,7 @@ CHECKS = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument(
-        "--frameworks",
-        default=",".join(CHECKS),
-        help=f"comma-separated, of {', '.join(CHECKS)} (default: all)",
-    )
-    parser.add_argument(
-        "--shared-gpu",
-        action="store_true",
-        help="every rank on cuda:0, ours on the fast group (FAST_ULYSSES_ALLOW_SHARED_GPU=1)",
-    )
-    args = parser.parse_args()
-    frameworks = [f for f in args.frameworks.split(",") if f]
-    unknown = [f for f in frameworks if f not in CHECKS]
-    if unknown:
-        parser.error(f"--frameworks: unknown {unknown}; known: {', '.join(CHECKS)}")
+    args, frameworks = parse_framework_args(CHECKS)
 
     def body(report, pg, P, device):
         if args.shared_gpu:
