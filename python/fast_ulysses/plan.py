@@ -66,7 +66,8 @@ def _mode(mode) -> int:
 def _layout(layout) -> str:
     """`layout` when it is a str (the plan checks its value)."""
     if type(layout) is not str:
-        raise FastUlyssesError(f"layout is {layout!r}: it must be 'bshd', 'sbhd' or 'bhsd'")
+        names = ", ".join(repr(name) for name in LAYOUTS[:-1]) + f" or {LAYOUTS[-1]!r}"
+        raise FastUlyssesError(f"layout is {layout!r}: it must be a str, {names}")
     return layout
 
 

@@ -227,7 +227,7 @@ BEYOND = "it must fit in int64 (-2^63 to 2^63 - 1)"
         (dict(dtype=2**63), f"dtype is 9223372036854775808: {BEYOND}"),
         (dict(seq_splits=[2**63, 4]), f"seq_splits[0] is 9223372036854775808: {BEYOND}"),
         (dict(head_splits=[4, -(2**64)]), f"head_splits[1] is -18446744073709551616: {BEYOND}"),
-        (dict(layout=3), "layout is 3: it must be 'bshd', 'sbhd' or 'bhsd'"),
+        (dict(layout=3), "layout is 3: it must be a str, 'bshd', 'sbhd' or 'bhsd'"),
     ],
 )
 def test_plan_refuses_what_is_no_int64_by_name(kwargs, message):
