@@ -108,6 +108,23 @@ def check_tag(tag) -> str:
     return tag
 
 
+def check_tags(tags, names: tuple[str, ...]) -> tuple[str, ...]:
+    """A module's tags: a tuple or list of one tag per name in `names` (e.g. ("q", "k")), each
+    a non-empty str, all different (two calls in flight on one tag would share a window).
+
+    Raises:
+        ValueError naming `tags` and the rule.
+    """
+    rule = f"it must be a tuple or list of {len(names)} different tags ({', '.join(names)})"
+    if not isinstance(tags, (tuple, list)) or len(tags) != len(names):
+        raise FastUlyssesError(f"tags is {tags!r}: {rule}")
+    for tag in tags:
+        check_tag(tag)
+    if len(set(tags)) != len(tags):
+        raise FastUlyssesError(f"tags is {tags!r}: {rule}")
+    return tuple(tags)
+
+
 def group_repr(
     cls_name: str,
     rank: int,

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .arguments import as_splits
+from .arguments import as_splits, check_tags
 from .errors import FastUlyssesError, refused
 from .factory import UlyssesGroupLike
 from .head_groups import check_pipeline, expand_kv, head_groups, kv_send, q_send
@@ -95,7 +95,7 @@ class UlyssesAttention(torch.nn.Module):
     as an owned call.
 
     Raises:
-        FastUlyssesError: `tags` not 4 tags, `pipeline` not an int >= 1 (here); k and v of
+        FastUlyssesError: `tags` not 4 different tags, `pipeline` not an int >= 1 (here); k and v of
         different shapes, of another shape than q's but for heads, or with a head count that
         does not divide q's; pipeline past the largest per-rank q head count; and every rule
         of the group's calls (forward).
@@ -112,9 +112,7 @@ class UlyssesAttention(torch.nn.Module):
         super().__init__()
         self.group = group
         self.attn_fn = attn_fn if attn_fn is not None else F.scaled_dot_product_attention
-        if len(tags) != 4:
-            raise FastUlyssesError(f"tags is {tags!r}: it must name 4 tags (q, k, v, output)")
-        self.tags = tuple(tags)
+        self.tags = check_tags(tags, ("q", "k", "v", "output"))
         self.pipeline = check_pipeline(pipeline)
 
     def forward(

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from ._ops import _C, ops
-from .arguments import as_splits, check_tag
+from .arguments import as_splits, check_tag, check_tags
 from .errors import FastUlyssesError
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
@@ -175,8 +175,7 @@ def qk_norm_rope_all_to_all_qk(
     """q and k through `qk_norm_rope_all_to_all` with one closing handshake for both: two
     borrowed calls with barrier=False, then one `group.barrier()`. Returns the two borrowed
     results (valid until the next call with their tags); `norm_weights` is (q's, k's)."""
-    if len(tags) != 2 or tags[0] == tags[1]:
-        raise FastUlyssesError(f"tags is {tags!r}: it must be two different tags (q's, k's)")
+    tags = check_tags(tags, ("q's", "k's"))
     out = tuple(
         qk_norm_rope_all_to_all(
             group,

@@ -5,6 +5,8 @@ in process."""
 
 from __future__ import annotations
 
+import re
+
 import attention
 import pytest
 import torch
@@ -61,8 +63,12 @@ def test_mismatched_shapes_raise(world1):
 def test_bad_group_and_tags_raise(world1):
     with pytest.raises(ValueError, match="group is a str: it must be a fast-ulysses group"):
         group_for("world")
-    with pytest.raises(ValueError, match="tags is .*: it must name 4 tags"):
-        fu.UlyssesAttention(tags=("q", "k"))
+    rule = r"it must be a tuple or list of 4 different tags \(q, k, v, output\)"
+    for tags in [("q", "k"), 2, "qkvo", ("q", "k", "q", "o")]:  # short, no sequence, a str, twice
+        with pytest.raises(ValueError, match=f"tags is {re.escape(repr(tags))}: {rule}"):
+            fu.UlyssesAttention(tags=tags)
+    with pytest.raises(ValueError, match="tag is '': a tag must be a non-empty str"):
+        fu.UlyssesAttention(tags=("q", "k", "v", ""))
 
 
 def test_default_group_uses_the_registry(world1):

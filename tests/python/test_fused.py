@@ -128,6 +128,18 @@ def test_a_process_group_is_refused_naming_the_group_types(world1):
             fu.qk_norm_rope_all_to_all(group, x, "q", norm_weight=w, eps=1e-6, cos=c, sin=s)
 
 
+@pytest.mark.parametrize("tags", [("q", "q"), ("q",), "qk", 7])  # one tag twice, short, a str
+def test_qk_needs_two_different_tags(world1, tags):
+    """The q-and-k call refuses its tags before any math or call."""
+    x, w, c, s = inputs("bshd", "all_heads")
+    group = fu.TorchUlyssesGroup(world1)
+    rule = r"it must be a tuple or list of 2 different tags \(q's, k's\)"
+    with pytest.raises(ValueError, match=f"tags is {re.escape(repr(tags))}: {rule}"):
+        fu.qk_norm_rope_all_to_all_qk(
+            group, x, x, tags, norm_weights=(w, w), eps=1e-6, cos=c, sin=s
+        )
+
+
 @pytest.fixture(scope="module")
 def three_ranks(launch_ranks):
     return launch_ranks("fused_torch_group", 3, timeout=240, env={"CUDA_VISIBLE_DEVICES": ""})

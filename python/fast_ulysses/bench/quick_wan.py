@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 
@@ -126,7 +125,7 @@ def main() -> None:
     kw = dict(seq_splits=seq, head_splits=hsplit)
     op = torch.ops.fast_ulysses.all_to_all_single_4d_borrowed
     check_device = torch.ops.fast_ulysses.check_device
-    profiling = os.environ.get("FAST_ULYSSES_HOST_PROFILE") == "1"
+    profiling = fu.env.switch("FAST_ULYSSES_HOST_PROFILE")  # (the group has parsed it already)
     reset = (lambda: group._host_profile()) if profiling else (lambda: None)
     results = {}
     for name, call in (
