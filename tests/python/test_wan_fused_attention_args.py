@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wan_fused_attentio
 )
 def test_wan_fused_attention_refuses_a_bad_rank_count(value, message):
     """Exit 2 with argparse's one error line naming --ranks; no rank spawned, no traceback (0
-    used to mean the default, a negative count a traceback from the spawn)."""
+    is not taken as the default, and a negative count never reaches the spawn)."""
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), "--ranks", value],
         capture_output=True,
