@@ -1,8 +1,8 @@
 // Every FAST_ULYSSES_* environment setting of the package, parsed in one place: the transport
-// reads its own here, and Python reads the rest (and the doctor checks them all) through the ops
-// `env_switch` and `check_env`. A value that does not parse is an error naming the variable and
-// the rule (c10::ValueError, Python ValueError), never a silent default; unset or empty gives
-// the default.
+// reads its own here, and Python reads the rest (and the doctor checks them all) through the
+// `_C` module functions `env_switch` and `check_env` (csrc/ops/module_c.cpp). A value that does
+// not parse is an error naming the variable and the rule (c10::ValueError, Python ValueError),
+// never a silent default; unset or empty gives the default.
 #pragma once
 
 #include <string>

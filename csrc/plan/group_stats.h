@@ -1,7 +1,7 @@
 // The keys of a group's stats(), in order: the one list both groups answer with. UlyssesGroup
 // (csrc/transport) fills every key; TorchUlyssesGroup, which has no window pool, no handshake and
 // no graphs, fills sealed, tags and deferred and answers 0 for the rest (Python reads the list
-// through the `group_stats_keys` op). docs/API.md says what each key means.
+// through `_C.GROUP_STATS_KEYS`, csrc/ops/module_c.cpp). docs/API.md says what each key means.
 #pragma once
 
 #include <array>

@@ -21,7 +21,7 @@
 namespace fast_ulysses {
 
 // The product's limits, defined here once; the transport and Python read them from here
-// (Python through the `limits` op).
+// (Python through `_C.LIMITS`, csrc/ops/module_c.cpp).
 constexpr int kMaxWorldSize = 8;                 // ranks of one group: one node
 constexpr int64_t kMaxBytes = int64_t{1} << 50;  // bytes of one tensor; bound of every split
 // Rows of any byte width are accepted. Rows whose bytes (d * element_size), offsets and pitches

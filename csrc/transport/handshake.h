@@ -7,11 +7,15 @@
 //
 // Every rank's header holds, per tag slot, three words per peer p:
 //   kHeld[slot][p]       1 while p's window holds data I wrote (or, initially, "call 0"); set by
-//                        me after I acquired p's window, cleared by p when it releases it at the
-//                        start of its next call on the tag. I write into p's window only at 0.
-//   kHeldOwned[slot][p]  the same for an owned result: cleared by p on its communication stream
-//                        once it has copied the window out, so the release never depends on
-//                        work that a graph launched on another stream is not ordered after.
+//                        me after I acquired p's window, overwritten by p with its call's
+//                        signature (plan/call_signature.h) when it releases the window at the
+//                        start of its next call on the tag. I write into p's window only once
+//                        this word holds my own call's signature (then I set it back to 1).
+//   kHeldOwned[slot][p]  1 while p has yet to copy an owned result (what I wrote) out of its
+//                        window: set by me with kHeld, for an owned call; cleared to 0 by p on
+//                        its communication stream once it has copied the window out, so the
+//                        release never depends on work that a graph launched on another stream
+//                        is not ordered after.
 //   kLanded[slot][p]     1 once p's chunk has landed in my window; set by p after its copy (a
 //                        fenced write on the copy's stream), waited and reset to 0 by me.
 // The barrier slot uses kBarrierA and kBarrierB: a barrier is two full rounds, so a fast peer's
