@@ -1,11 +1,11 @@
 // Eager calls launched from cached CUDA graphs. The part of a call that goes on the
 // communication stream (opening handshake, peer copies, closing handshake, and for an owned call
 // the copies of the peers' chunks into its result: one driver call per copy and per memop batch,
-// 60-70 us of host time at P = 8 on an H200 shared by eight ranks), with this rank's own share
-// on a branch beside it, is captured once per call signature and operands, then issued with one
-// cudaGraphLaunch. This is safe because the
-// handshake's flags hold only constants (handshake.h): a graph of a call is the same work as the
-// eager call, every time. On unless FAST_ULYSSES_EAGER_GRAPHS=0 (env.h).
+// whose host cost docs/BENCHMARK.md's launch-probe rows give), with this rank's own share on a
+// branch beside it, is captured once per call signature and operands, then issued with one
+// cudaGraphLaunch. This is safe because the handshake's flags hold only constants (handshake.h):
+// a graph of a call is the same work as the eager call, every time. On unless
+// FAST_ULYSSES_EAGER_GRAPHS=0 (env.h).
 //
 // A key is everything the captured work depends on: tag slot, owned/deferred, whether the opening
 // handshake waits for owned results (ulysses_group.h), the window's address on every rank, every
