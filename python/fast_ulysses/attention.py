@@ -73,7 +73,9 @@ class UlyssesAttention(torch.nn.Module):
             grouped-query k and v, the default gets this rank's kv heads and
             `enable_gqa=True` where every rank's kv heads serve equally many q heads each;
             otherwise (and any other attn_fn always) k and v come with q's head count, each
-            kv head repeated for the q heads that use it.
+            kv head repeated for the q heads that use it. It must return a tensor of shape
+            (b, h, s, d_v), its q's b, h and s and v's head dim (SDPA's output; checked per
+            call).
         tags: the four tags of q, k, v and the output (default "fu.attn.q", ... "fu.attn.o";
             every module may share them: each call's windows are free again when it returns).
         pipeline: G >= 1 head groups (1: no pipeline). Group g + 1's q, k and v all-to-alls
@@ -95,10 +97,12 @@ class UlyssesAttention(torch.nn.Module):
     as an owned call.
 
     Raises:
-        FastUlyssesError: `tags` not 4 different tags, `pipeline` not an int >= 1 (here); k and v of
-        different shapes, of another shape than q's but for heads, or with a head count that
-        does not divide q's; pipeline past the largest per-rank q head count; and every rule
-        of the group's calls (forward).
+        FastUlyssesError: `attn_fn` not callable, `tags` not 4 different tags, `pipeline` not
+        an int >= 1 (here); q, k or v not a 4-d tensor, of another dtype or device than q's; k
+        and v of different shapes, of another shape than q's but for heads, or with a head
+        count that does not divide q's; splits that are not sequences of ints; pipeline past
+        the largest per-rank q head count (all before any call); attn_fn's result not a tensor
+        of its shape (before the output's call); and every rule of the group's calls (forward).
     """
 
     def __init__(
@@ -110,6 +114,11 @@ class UlyssesAttention(torch.nn.Module):
         pipeline: int = 1,
     ):
         super().__init__()
+        if attn_fn is not None and not callable(attn_fn):
+            raise FastUlyssesError(
+                f"attn_fn is {attn_fn!r}: it must be a callable attn_fn(q, k, v) -> o, or None "
+                "(torch.nn.functional.scaled_dot_product_attention)"
+            )
         self.group = group
         self.attn_fn = attn_fn if attn_fn is not None else F.scaled_dot_product_attention
         self.tags = check_tags(tags, ("q", "k", "v", "output"))
@@ -126,7 +135,11 @@ class UlyssesAttention(torch.nn.Module):
         layout: str = "bshd",
     ) -> torch.Tensor:
         group = group_for(self.group)
-        kv_heads = _kv_heads(q, k, v, layout)
+        # Checked here, before q's call: a refusal of k's or v's call once q's is out would
+        # leave the borrowed calls' tags waiting for barrier().
+        kv_heads = _check_qkv(q, k, v, layout)
+        seq_splits = as_splits(seq_splits, "seq_splits")  # once: an iterator is read once
+        head_splits = as_splits(head_splits, "head_splits")
         if kv_heads is not None or self.pipeline > 1:
             return self._grouped(group, q, k, v, kv_heads, seq_splits, head_splits, layout)
         kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
@@ -149,9 +162,6 @@ class UlyssesAttention(torch.nn.Module):
     def _grouped(self, group, q, k, v, kv_heads, seq_splits, head_splits, layout):
         """Grouped-query k and v, or a pipeline: the calls of every `HeadGroup` in turn, each
         group's input calls issued before the previous group's attention."""
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise FastUlyssesError(f"{name} is a {type(t).__name__}: it must be a torch.Tensor")
         q, k, v = (t.contiguous() for t in (q, k, v))
         splits = _q_splits(group, q, seq_splits, head_splits, layout)
         h = layout.index("h")  # the plan accepted the layout
@@ -208,11 +218,11 @@ class UlyssesAttention(torch.nn.Module):
     def _attend(self, hg, rank, q, k, v):
         """attn_fn on one group's (b, h, s, d) heads, k and v with this rank's kv heads."""
         counts = hg.counts[rank]
-        if not hg.gqa or not counts:
-            return _call_attn(self.attn_fn, q, k, v)
-        if hg.uniform and self.attn_fn is F.scaled_dot_product_attention:
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        return self.attn_fn(q, expand_kv(k, counts), expand_kv(v, counts))
+        if hg.gqa and counts:
+            if hg.uniform and self.attn_fn is F.scaled_dot_product_attention:
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            k, v = expand_kv(k, counts), expand_kv(v, counts)
+        return _call_attn(self.attn_fn, q, k, v)
 
 
 def _call_attn(attn_fn, q, k, v):
@@ -221,20 +231,54 @@ def _call_attn(attn_fn, q, k, v):
     dies of SIGFPE on the CPU)."""
     if q.shape[1] == 0:
         return (q.sum() + k.sum()) * 0 + v
-    return attn_fn(q, k, v)
+    o = attn_fn(q, k, v)
+    expected = (*q.shape[:3], v.shape[3])  # SDPA's: q's (b, h, S) and v's head dim
+    if isinstance(o, torch.Tensor) and o.shape == expected:
+        return o
+    got = f"a tensor of shape {tuple(o.shape)}" if isinstance(o, torch.Tensor) else repr(o)
+    if len(got) > 80:  # (a long tuple or list: its type says enough)
+        got = f"a {type(o).__name__}"
+    raise FastUlyssesError(
+        f"attn_fn returned {got} for q of shape {tuple(q.shape)}: it must return a tensor "
+        f"of shape (b, h, S, d_v) = {expected} (q's b, h and S, v's head dim), as "
+        "scaled_dot_product_attention does"
+    )
 
 
-def _kv_heads(q, k, v, layout) -> int | None:
-    """None where q, k and v have one shape (or are not all tensors: the group's calls refuse
-    those); else k's head count, once k and v are checked against q (FastUlyssesError)."""
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or (
-        k.shape == q.shape and v.shape == q.shape
-    ):
+def _check_qkv(q, k, v, layout) -> int | None:
+    """Checks q, k and v together, before any call: each a 4-d torch.Tensor, all of q's dtype
+    and on q's device, k and v of one shape, q's or q's with fewer heads. The group's tensor
+    rules then refuse k's or v's call only where they refuse q's, the first, so nothing goes out
+    before a refusal (one between the borrowed calls would leave their tags waiting for
+    `barrier()`).
+
+    Returns:
+        None where q, k and v have one shape; else k's head count.
+
+    Raises:
+        FastUlyssesError naming the tensor and the rule.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise FastUlyssesError(f"{name} is a {type(t).__name__}: it must be a torch.Tensor")
+        if t.dim() != 4:
+            raise FastUlyssesError(
+                f"{name} has shape {tuple(t.shape)}: q, k and v must be 4-d tensors"
+            )
+        if t.dtype != q.dtype:
+            raise FastUlyssesError(
+                f"{name} has dtype {t.dtype} but q has {q.dtype}: q, k and v must have one dtype"
+            )
+        if t.device != q.device:
+            raise FastUlyssesError(
+                f"{name} is on {t.device} but q is on {q.device}: q, k and v must be on one device"
+            )
+    if k.shape == q.shape and v.shape == q.shape:
         return None
     _check_layout(layout)
     h = layout.index("h")
     others = [n for i, n in enumerate(q.shape) if i != h]
-    if k.dim() != 4 or q.dim() != 4 or [n for i, n in enumerate(k.shape) if i != h] != others:
+    if [n for i, n in enumerate(k.shape) if i != h] != others:
         raise FastUlyssesError(
             f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: k "
             f"and v must have q's shape, or q's with fewer heads (dimension "

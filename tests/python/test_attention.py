@@ -145,3 +145,113 @@ def test_pipeline_groups_cut_each_rank_and_keep_kv_groups_whole():
     uneven = head_groups((3, 2, 0), 5, 2)  # no GQA, uneven: each rank's heads cut in 2
     assert [g.q_splits for g in uneven] == [(2, 1, 0), (1, 1, 0)]
     assert [g.q_start for g in uneven] == [0, 3] and sum(g.q_count for g in uneven) == 5
+
+
+def _sdpa_bshd(q, k, v):
+    """The reference on one rank: SDPA over (b, s, h, d) tensors."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v))
+    ).transpose(1, 2)
+
+
+BAD_RESULTS = {  # attn_fn's result on (b, h, S, d), and how the message shows it (h heads)
+    "half the sequence": (
+        lambda q, k, v: q[:, :, : q.shape[2] // 2],
+        lambda h: f"a tensor of shape (1, {h}, 2, 8)",
+    ),
+    "transposed": (
+        lambda q, k, v: q.transpose(1, 2),
+        lambda h: f"a tensor of shape (1, 4, {h}, 8)",
+    ),
+    "3-d": (lambda q, k, v: q[0], lambda h: f"a tensor of shape ({h}, 4, 8)"),
+    "None": (lambda q, k, v: None, lambda h: "None"),
+    "a tuple": (lambda q, k, v: (q, None), lambda h: "a tuple"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RESULTS))
+@pytest.mark.parametrize("kind", ["plain", "grouped-query", "pipelined"])
+def test_attn_fn_result_must_have_q_shape(world1, case, kind):
+    """attn_fn's result is checked against SDPA's shape (q's b, h, S; v's d) on the plain, the
+    grouped-query and the pipelined path, and the refusal leaves the group usable."""
+    group = fu.TorchUlyssesGroup(world1)
+    fn, got = BAD_RESULTS[case]
+    q = torch.randn(1, 4, 2, 8)
+    kv = q[:, :, :1].contiguous() if kind == "grouped-query" else q
+    module = fu.UlyssesAttention(group, attn_fn=fn, pipeline=2 if kind == "pipelined" else 1)
+    heads = 1 if kind == "pipelined" else 2  # each of the 2 head groups has 1 head
+    want = (
+        f"attn_fn returned {got(heads)} for q of shape (1, {heads}, 4, 8): it must return a "
+        "tensor of "
+        f"shape (b, h, S, d_v) = (1, {heads}, 4, 8) (q's b, h and S, v's head dim)"
+    )
+    with pytest.raises(fu.FastUlyssesError, match=re.escape(want)):
+        module(q, kv, kv)
+    good = fu.UlyssesAttention(group)(q, q, q)
+    torch.testing.assert_close(good, _sdpa_bshd(q, q, q))
+
+
+def test_attn_fn_must_be_callable():
+    with pytest.raises(
+        fu.FastUlyssesError,
+        match=re.escape("attn_fn is 'sdpa': it must be a callable attn_fn(q, k, v) -> o, or None"),
+    ):
+        fu.UlyssesAttention(attn_fn="sdpa")
+
+
+QKV_REFUSALS = {  # (which of q, k, v is replaced, by what, the message)
+    "q None": (0, None, "q is a NoneType: it must be a torch.Tensor"),
+    "k numpy": (1, "numpy", "k is a ndarray: it must be a torch.Tensor"),
+    "v 3-d": (2, "3-d", "v has shape (4, 2, 8): q, k and v must be 4-d tensors"),
+    "v float64": (
+        2,
+        torch.float64,
+        "v has dtype torch.float64 but q has torch.float32: q, k and v must have one dtype",
+    ),
+    "k float16": (
+        1,
+        torch.float16,
+        "k has dtype torch.float16 but q has torch.float32: q, k and v must have one dtype",
+    ),
+    "v on meta": (2, "meta", "v is on meta but q is on cpu: q, k and v must be on one device"),
+}
+
+
+@pytest.mark.parametrize(
+    "case,pipeline",
+    # (the pipelined path refused a q or k that is no tensor before any call already)
+    [(case, 1) for case in sorted(QKV_REFUSALS)]
+    + [(case, 2) for case in sorted(QKV_REFUSALS) if case not in ("q None", "k numpy")],
+)
+def test_a_refused_forward_leaves_the_module_usable(world1, case, pipeline):
+    """q, k and v are checked together before q's call: a forward refused for k or v alone
+    raises FastUlyssesError naming it, and the next forward on the same module works (before,
+    q's borrowed call had gone out and left its tag waiting for barrier())."""
+    module = fu.UlyssesAttention(fu.TorchUlyssesGroup(world1), pipeline=pipeline)
+    q = torch.randn(1, 4, 2, 8)
+    index, change, message = QKV_REFUSALS[case]
+    bad = [q, q.clone(), q.clone()]
+    if change == "numpy":
+        bad[index] = bad[index].numpy()
+    elif change == "3-d":
+        bad[index] = bad[index][0]
+    elif change == "meta":
+        bad[index] = bad[index].to("meta")
+    elif isinstance(change, torch.dtype):
+        bad[index] = bad[index].to(change)
+    else:
+        bad[index] = change
+    with pytest.raises(fu.FastUlyssesError, match=re.escape(message)):
+        module(*bad)
+    torch.testing.assert_close(module(q, q, q), _sdpa_bshd(q, q, q))
+
+
+@pytest.mark.parametrize("pipeline", [1, 2])
+def test_one_shot_split_iterators_are_read_once(world1, pipeline):
+    """seq_splits and head_splits given as iterators are read once per forward, so q's, k's,
+    v's and the output's calls get the same splits (before, q's call used them up)."""
+    module = fu.UlyssesAttention(fu.TorchUlyssesGroup(world1), pipeline=pipeline)
+    q = torch.randn(1, 4, 2, 8)
+    out = module(q, q, q, seq_splits=iter([4]), head_splits=(n for n in [2]))
+    torch.testing.assert_close(out, _sdpa_bshd(q, q, q))
+    torch.testing.assert_close(module(q, q, q), out)
