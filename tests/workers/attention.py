@@ -21,6 +21,10 @@ not divide, a sequence it does not divide):
   g + 1's q, k and v issued before group g's output; pipeline=1 makes today's calls; on the
   fast group at P > 1 every pipelined input call's result is an AsyncCollectiveTensor (issued,
   not waited for: no timing is asserted);
+- refusals_P<p>: a forward every rank refuses (attn_fn returning half the sequence on the
+  plain, grouped-query and pipelined paths; v of another dtype than q's) raises
+  FastUlyssesError on every rank, and the next forward on the same group matches SDPA; splits
+  given as one-shot iterators give the list's result;
 - registry_P<p>: group_for(pg) builds one group per ProcessGroup and returns it again.
 """
 
@@ -344,6 +348,51 @@ def _check_unpipelined_calls(pg, P, device):
     assert got == want, f"pipeline=1 calls {got}, expected today's {want}"
 
 
+def check_refusals(pg, P, device) -> int:
+    rank = dist.get_rank(pg)
+    (q, k, v, _), S = full_inputs(P, None, None, "bshd", 700 + P, device)
+    n = S // P
+    ql, kl, vl = (t.narrow(1, rank * n, n).contiguous() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+    want = want.transpose(1, 2).narrow(1, rank * n, n)
+
+    def half(q, k, v):  # half the sequence: the output's call would take it silently
+        return F.scaled_dot_product_attention(q, k, v)[:, :, : q.shape[2] // 2]
+
+    kv = [t[:, :, :P].contiguous() for t in (kl, vl)]  # grouped-query: 1 kv head per rank
+    heads = 2  # per rank (2 * P in all); the pipelined module's groups have 1 each
+    cases = [
+        ("plain attn_fn", fu.UlyssesAttention(pg, attn_fn=half), (ql, kl, vl), heads),
+        ("grouped-query attn_fn", fu.UlyssesAttention(pg, attn_fn=half), (ql, *kv), heads),
+        ("pipelined attn_fn", fu.UlyssesAttention(pg, attn_fn=half, pipeline=2), (ql, kl, vl), 1),
+        ("v float64", fu.UlyssesAttention(pg), (ql, kl, vl.double()), None),
+    ]
+    for name, module, args, h in cases:
+        if h is None:
+            message = "v has dtype torch.float64 but q has torch.float32: q, k and v must have"
+        else:
+            message = (
+                f"attn_fn returned a tensor of shape (2, {h}, {S // 2}, {D}) for q of shape "
+                f"(2, {h}, {S}, {D}): it must return a tensor of shape (b, h, S, d_v)"
+            )
+        try:
+            with torch.no_grad():  # the borrowed calls of q, k and v
+                module(*args)
+        except fu.FastUlyssesError as error:
+            assert message in str(error), f"{name}: refused with {error}, not {message!r}"
+        else:
+            raise AssertionError(f"{name}: not refused")
+        with torch.no_grad():
+            after = fu.UlyssesAttention(pg)(ql, kl, vl)
+        torch.testing.assert_close(after, want, msg=lambda m, name=name: f"after {name}: {m}")
+    with torch.no_grad():
+        once = fu.UlyssesAttention(pg)(
+            ql, kl, vl, seq_splits=iter([n] * P), head_splits=iter([2] * P)
+        )
+    torch.testing.assert_close(once, want, msg=lambda m: f"one-shot split iterators: {m}")
+    return len(cases) + 1
+
+
 def check_registry(pg, P, device) -> None:
     group = group_for(pg)
     assert group is group_for(pg), "the registry built a second group for one ProcessGroup"
@@ -366,6 +415,8 @@ def main() -> int:
             entry["detail"] = f"{check_gqa(pg, P, device)} cases"
         with report.check(f"pipeline_P{P}") as entry:
             entry["detail"] = f"{check_pipeline(pg, P, device)} cases"
+        with report.check(f"refusals_P{P}") as entry:
+            entry["detail"] = f"{check_refusals(pg, P, device)} cases"
         with report.check(f"registry_P{P}"):
             check_registry(pg, P, device)
         group_for(pg).destroy()
@@ -377,7 +428,7 @@ def check_names(world: int, shared_gpu: bool = False) -> list[str]:
     return [
         f"{c}_P{P}"
         for P in subgroup_sizes(world, shared_gpu)
-        for c in ("attention", "gqa", "pipeline", "registry")
+        for c in ("attention", "gqa", "pipeline", "refusals", "registry")
     ]
 
 
