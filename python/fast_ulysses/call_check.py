@@ -3,11 +3,12 @@ goes ahead only if every rank of the group makes the same call.
 
 A row. Each rank sends one int64 row (`CallCheck.agree`: one `all_gather_into_tensor`) saying
 what it believes the call is: 0 (a valid call), the entry point, mode, layout, tag (a 64-bit
-hash), dtype (a code), batch, head_dim, the plan's window bytes and barrier (-1 for the owned
-entry), then the plan's resolved seq_splits and head_splits (P values each). A rank that refuses
-its own call (a plan error, a tag rule, a bad out=) sends the invalid row (1, then zeros) instead,
-so it still joins the gather. The row travels on the CPU where the group's backend takes CPU
-tensors (gloo), else on x's GPU (NCCL), where reading it back makes the host wait for the gather.
+hash), dtype and x's device type (codes), batch, head_dim, the plan's window bytes and barrier
+(-1 for the owned entry), then the plan's resolved seq_splits and head_splits (P values each). A
+rank that refuses its own call (a plan error, a tag rule, a device its group does not move, a
+bad out=) sends the invalid row (1, then zeros) instead, so it still joins the gather. The row
+travels on the CPU where the group's backend takes CPU tensors (gloo), else on x's GPU (NCCL),
+where reading it back makes the host wait for the gather.
 
 When a call is refused: where some row is invalid or the rows differ, every rank raises. Where
 every rank refused its own call, each raises its own refusal as it is (the message a one-rank
@@ -15,7 +16,9 @@ group gives). Else every rank raises the same `FastUlyssesError`, after a second
 on this error path only) that names the calls: the invalid ones (with a valid one beside them), or
 rank 0's call and the first that differs from it, and how. A program whose ranks disagree (uneven
 sequence lengths without seq_splits, head_splits on one rank only, another mode, tag or layout)
-would otherwise abort in the transport or receive memory no rank wrote.
+would otherwise abort in the transport or receive memory no rank wrote; one whose ranks hold x
+on different device types (one on meta, which the group refuses, or cpu against cuda) would
+leave some ranks waiting in the transport.
 
 The switches. Building the group is collective at P > 1: FAST_ULYSSES_DEBUG and
 FAST_ULYSSES_CHECK_CALLS must parse and agree on every rank (`agreed_settings`).
@@ -124,7 +127,7 @@ class CallCheck:
         prepared, mine = None, None
         try:
             prepared = prepare()
-            row = _row(name, prepared[1], prepared[0], x.dtype, barrier)
+            row = _row(name, prepared[1], prepared[0], x, barrier)
         except Exception as error:  # noqa: BLE001 - every rank must learn of it, then raise
             row, mine = self._invalid_row, error
         if isinstance(x, torch.Tensor) and x.device.type == self._gather_type:
@@ -153,6 +156,8 @@ class CallCheck:
                     else type(out).__name__
                 )
                 call = f"{call[:-1]}, out={shown})"
+            if not row[0] and len({peer[_DEVICE] for peer in everyone if not peer[0]}) > 1:
+                call = f"{call} on {x.device.type}"  # valid calls on different device types
             self._refuse(index, everyone, call, mine, seq_splits is None, head_splits is None)
         return prepared
 
@@ -179,12 +184,13 @@ _HEADER = (
     "layout",
     "tag",
     "dtype",
+    "device",
     "batch",
     "head_dim",
     "window bytes",
     "barrier",
 )
-_WINDOW, _BARRIER = _HEADER.index("window bytes"), _HEADER.index("barrier")
+_DEVICE, _WINDOW, _BARRIER = (_HEADER.index(f) for f in ("device", "window bytes", "barrier"))
 _ENTRY_CODES = {OWNED: 0, BORROWED: 1}
 _LAYOUT_CODES = {name: code for code, name in enumerate(LAYOUTS)}
 _SHOWN = {"mode", "batch", "head_dim"}  # told by value (the others: by the calls)
@@ -202,7 +208,12 @@ def _dtype_code(dtype: torch.dtype) -> int:
     return zlib.crc32(str(dtype).encode())
 
 
-def _row(name: str, p: Plan, tag: str, dtype: torch.dtype, barrier) -> list[int]:
+@cache
+def _device_code(device_type: str) -> int:
+    return zlib.crc32(device_type.encode())
+
+
+def _row(name: str, p: Plan, tag: str, x: torch.Tensor, barrier) -> list[int]:
     """What this rank believes the call is, as the call check compares it."""
     shape = p.input_shape
     return [
@@ -211,7 +222,8 @@ def _row(name: str, p: Plan, tag: str, dtype: torch.dtype, barrier) -> list[int]
         p.mode,
         _LAYOUT_CODES[p.layout],
         _tag_code(tag),
-        _dtype_code(dtype),
+        _dtype_code(x.dtype),
+        _device_code(x.device.type),
         shape[p.layout.index("b")],
         shape[3],
         p.window_bytes,

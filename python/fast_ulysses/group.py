@@ -20,6 +20,7 @@ from .debug import check_agreement, debug_enabled, register_debugged, unregister
 from .errors import FastUlyssesError, public, refused
 from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision, decide, shared_gpu_pair
+from .validation import check_barrier
 
 _warned_shared_gpu = False
 
@@ -219,13 +220,15 @@ class UlyssesGroup:
         lives outside their memory pool, as a window does. Results are the same.
 
         Raises:
-            FastUlyssesError: no tag given; an input that requires grad
+            FastUlyssesError: no tag given; a barrier that is not a bool
+            (`fast_ulysses.validation.check_barrier`); an input that requires grad
             (`fast_ulysses.autograd.check_borrowed_grad`: use the owned call for gradients); an
             input whose bytes overlap this tag's window (a borrowed result of the same tag fed
             back: clone() it or use another tag); and every rule of the owned call.
         """
         try:
             check_borrowed_tag(tag)
+            check_barrier(barrier)
             check_borrowed_grad(x)
             if torch.compiler.is_compiling():
                 return self.all_to_all_single_4d(

@@ -36,7 +36,8 @@ from .debug import check_agreement
 from .errors import FastUlyssesError, public, refused
 from .plan import Plan
 from .tags import check_borrowed_tag, resolve_tag
-from .validation import plan_call, window_bytes_by_tag
+from .topology import Decision
+from .validation import check_barrier, plan_call, window_bytes_by_tag
 
 
 class TorchUlyssesGroup:
@@ -56,7 +57,9 @@ class TorchUlyssesGroup:
         process_group: the group the collectives run on.
 
     Raises:
-        FastUlyssesError (a ValueError) for a group of more ranks than
+        FastUlyssesError (a ValueError) for a process_group that is not a torch.distributed
+        ProcessGroup (or None), a decision that is not a Decision (or None); for a group of
+        more ranks than
         `fast_ulysses.plan.limits()["max_world_size"]` (8, one node: the plan's rule, for both
         groups), raised here rather than on each call; for a FAST_ULYSSES_* switch this group
         reads that some rank refuses, or that differs across ranks (on every rank).
@@ -77,6 +80,16 @@ class TorchUlyssesGroup:
 
     @public
     def __init__(self, process_group=None, initial_pool_bytes: int = 0, *, decision=None):
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise FastUlyssesError(
+                f"process_group is {process_group!r}: it must be a torch.distributed "
+                "ProcessGroup, or None for the default group"
+            )
+        if decision is not None and not isinstance(decision, Decision):
+            raise FastUlyssesError(
+                f"decision is {decision!r}: it must be a fast_ulysses.topology.Decision "
+                "(make_group passes its own), or None"
+            )
         if process_group is None:
             process_group = dist.group.WORLD
         if process_group is None:
@@ -98,6 +111,7 @@ class TorchUlyssesGroup:
                 f"make_group"
             )
         self.fallback_reason = "requested" if decision is None else decision.reason
+        self._device_types = _device_types(process_group)
         self._destroyed = False
         self._debug, check = agreed_settings(process_group, self.world_size)
         self._calls = 0
@@ -132,7 +146,8 @@ class TorchUlyssesGroup:
             mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ.
             tag: the call's window name, a non-empty str (there is no window here); None picks
                 `fast_ulysses.tags.auto_tag(x, mode, layout)`.
-            seq_splits, head_splits: per-rank rows / heads; None means even.
+            seq_splits, head_splits: per-rank rows / heads; None means even. Read once (a
+                generator is fine): the backward uses the same values.
             layout: "bshd", "sbhd" or "bhsd".
             out: None, or a contiguous tensor of the call's output shape, with x's dtype and
                 device, that shares no memory with x: the result is written there (bit for
@@ -153,9 +168,11 @@ class TorchUlyssesGroup:
             tensor, the tag rule's, or one naming what is wrong with `out`, where every rank
             refuses its own call; at P > 1, on every rank and with one message naming the
             calls, where only some ranks refuse theirs or the ranks' calls differ (the call
-            check, `fast_ulysses.call_check`); after `destroy()`.
+            check, `fast_ulysses.call_check`: the device type is part of the call); after
+            `destroy()`.
         """
         try:
+            seq_splits, head_splits = _read_once(seq_splits), _read_once(head_splits)
             tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out)
             if out is not None:
                 return _exchange(x, p, self.process_group, out)
@@ -189,12 +206,13 @@ class TorchUlyssesGroup:
         ready when the call returns, whatever `barrier` says. The rules are UlyssesGroup's all
         the same: the tag must be given, an input that requires grad is refused
         (`fast_ulysses.autograd.check_borrowed_grad`), and after barrier=False the tag refuses
-        its next call until `barrier()`. Every rank must pass the same `barrier` (checked with
-        the rest of the call). Arguments, returns and raises as `all_to_all_single_4d`
-        (without `out`)."""
+        its next call until `barrier()`. `barrier` must be a bool
+        (`fast_ulysses.validation.check_barrier`), the same on every rank (checked with the rest
+        of the call). Arguments, returns and raises as `all_to_all_single_4d` (without `out`)."""
         try:
+            seq_splits, head_splits = _read_once(seq_splits), _read_once(head_splits)
             tag, p = self._checked(
-                BORROWED, x, mode, tag, seq_splits, head_splits, layout, bool(barrier), None
+                BORROWED, x, mode, tag, seq_splits, head_splits, layout, barrier, None
             )
             result = _exchange(x, p, self.process_group)
         except ValueError as error:
@@ -227,14 +245,22 @@ class TorchUlyssesGroup:
                 "head_splits", "layout".
 
         Raises:
-            FastUlyssesError naming the first call (calls[index]) that is not a CallSpec or such
-            a dict, has an unknown or missing key, or that the plan rejects; or a tag past the
-            tag limit; after `destroy()`.
+            FastUlyssesError for `calls` that is not such an iterable; naming the first call
+            (calls[index]) that is not a CallSpec or such a dict, has an unknown or missing
+            key, or that the plan rejects; for a tag past the tag limit, or one deferred by
+            barrier=False; after `destroy()`. A refused reserve() declares no tag and seals
+            nothing.
         """
         self._check_alive()
         sizes = window_bytes_by_tag(calls, self.world_size, self.rank)
-        for tag in sorted(sizes):
-            self._use_tag(tag)
+        tags = sorted(sizes)
+        known = len(self._windows)
+        for tag in tags:  # every tag rule before any tag is recorded: all or nothing
+            new = tag not in self._windows
+            if new or tag in self._deferred:
+                _C.check_tag_use(tag, known, not new, tag in self._deferred)
+            known += new
+        for tag in tags:
             self._windows[tag] = max(self._windows.get(tag, -1), sizes[tag])
         self._sealed = True
 
@@ -283,7 +309,7 @@ class TorchUlyssesGroup:
             )
         if not self._debug:
             return self._commit(
-                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out)
+                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
             )
         if name == OWNED and tag is None and isinstance(x, torch.Tensor):
             tag = resolve_tag(tag, x, mode, layout)
@@ -305,18 +331,19 @@ class TorchUlyssesGroup:
             layout,
             () if barrier is None else (barrier,),
             check_device=lambda _: prepared.append(
-                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out)
+                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
             ),
         )
         return self._commit(prepared[0])
 
-    def _prepare(self, name, x, mode, tag, seq_splits, head_splits, layout, out):
+    def _prepare(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
         """This rank's checks of one call, with no effect on the group: the entry point's
-        rules, the plan, the tag rules and `out`. Returns (tag, plan, the tag's new window size
-        or None); raises ValueError."""
+        rules, the plan, the device rule, the tag rules and `out`. Returns (tag, plan, the tag's
+        new window size or None); raises ValueError."""
         if name == BORROWED:
             check_borrowed_tag(tag)
             check_borrowed_grad(x)
+            check_barrier(barrier)
         else:
             tag = resolve_tag(tag, x, mode, layout)
         check_tag(tag)
@@ -329,6 +356,7 @@ class TorchUlyssesGroup:
             head_splits=head_splits,
             layout=layout,
         )
+        _check_device(x, self._device_types)
         self._use_tag(tag)
         held = self._windows.get(tag, -1)
         window = None
@@ -350,7 +378,9 @@ class TorchUlyssesGroup:
         self._calls += 1
         return self._call_check.agree(
             self._calls,
-            lambda: self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, out),
+            lambda: self._prepare(
+                name, x, mode, tag, seq_splits, head_splits, layout, barrier, out
+            ),
             name,
             x,
             mode,
@@ -375,6 +405,37 @@ class TorchUlyssesGroup:
                 "this TorchUlyssesGroup was destroyed: build a new group "
                 "with fast_ulysses.make_group"
             )
+
+
+def _device_types(process_group) -> frozenset[str]:
+    """The device types the process group's backends move tensors of (gloo: cpu and cuda;
+    NCCL: cuda). Never meta: a meta tensor holds no data to send."""
+    return frozenset(device.type for device in process_group._device_types) - {"meta"}
+
+
+def _check_device(x: torch.Tensor, device_types: frozenset[str]) -> None:
+    """The fallback's device rule: x on a device type its process group moves (the call
+    check compares the device type across ranks). FastUlyssesError naming the device."""
+    if x.device.type not in device_types:
+        raise FastUlyssesError(
+            f"x is on {x.device}: this group's process group moves tensors on "
+            f"{' or '.join(sorted(device_types))} only (a meta tensor holds no data to send)"
+        )
+
+
+def _read_once(splits):
+    """Splits given as a one-shot iterable (a generator) read into a list once, so that the
+    checks, the plan and the backward all see the same values; None, a list, a tuple, a str
+    and anything that is not iterable as given (the plan refuses what is not a sequence of
+    ints, under the call check, so every rank learns of it: this never raises)."""
+    if splits is None or type(splits) is list or type(splits) is tuple:
+        return splits
+    if isinstance(splits, (str, bytes)):
+        return splits
+    try:
+        return list(splits)
+    except Exception:  # noqa: BLE001 - refused by the plan, on every rank
+        return splits
 
 
 def _check_out(out, x: torch.Tensor, p: Plan) -> None:

@@ -1,5 +1,5 @@
-"""Checks shared by every group implementation: the input tensor's rules, and the declared calls
-of `reserve`.
+"""Checks shared by every group implementation: the input tensor's rules, the borrowed entry
+points' `barrier`, and the declared calls of `reserve`.
 
 Shapes and splits are never checked here: that is the plan's job (`fast_ulysses.plan`), so the
 fast group, the torch fallback and the GPU-free tools raise the same ValueError for the same call.
@@ -36,6 +36,17 @@ def check_input(x: torch.Tensor) -> int:
     if not isinstance(x, torch.Tensor):
         raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
     return _C.check_input(x)
+
+
+def check_barrier(barrier) -> None:
+    """The borrowed entry points' `barrier`: True or False (a bool; None, 0 or "no" would be
+    read as one or the other without saying so).
+
+    Raises:
+        FastUlyssesError naming the value.
+    """
+    if type(barrier) is not bool:
+        raise FastUlyssesError(f"barrier is {barrier!r}: it must be True or False")
 
 
 @torch.compiler.disable  # host-side planning: its ops take no tensors, so it stays out of traces
@@ -151,24 +162,32 @@ def window_bytes_by_tag(
         {tag: bytes}, tags in the order they first appear.
 
     Raises:
-        FastUlyssesError naming the call (by position) that is neither a CallSpec nor such a
-        dict, has an unknown or missing key, a bad tag or a dtype whose element size the ops
-        reject, or that the plan rejects.
+        FastUlyssesError for `calls` that is not an iterable (a single CallSpec or dict is not
+        one); naming the call (by position) that is neither a CallSpec nor such a dict, has an
+        unknown or missing key, a bad tag, a shape that is not a sequence, a dtype whose
+        element size the ops reject, or that the plan rejects.
     """
     sizes: dict[str, int] = {}
-    for index, call in enumerate(calls):
+    for index, call in enumerate(_declared(calls)):
         call = as_call_spec(call, index)
         try:
             check_tag(call.tag)
         except ValueError as error:
             raise FastUlyssesError(f"calls[{index}]: {error}") from error
         try:
+            shape = tuple(call.shape)
+        except TypeError:
+            raise FastUlyssesError(
+                f"calls[{index}] (tag {call.tag!r}): shape is {call.shape!r}: it must be a "
+                "sequence of 4 ints, this rank's input shape"
+            ) from None
+        try:
             dtype = resolve_dtype(call.dtype)
             p = plan(
                 world_size,
                 rank,
                 call.mode,
-                tuple(call.shape),
+                shape,
                 dtype,
                 seq_splits=call.seq_splits,
                 head_splits=call.head_splits,
@@ -178,3 +197,17 @@ def window_bytes_by_tag(
             raise FastUlyssesError(f"calls[{index}] (tag {call.tag!r}): {error}") from error
         sizes[call.tag] = max(sizes.get(call.tag, 0), p.window_bytes)
     return sizes
+
+
+def _declared(calls):
+    """An iterator over `reserve`'s calls; FastUlyssesError for anything but an iterable of
+    them (a single CallSpec or dict, a str, None, a number)."""
+    if not isinstance(calls, (CallSpec, Mapping, str, bytes)):
+        try:
+            return iter(calls)
+        except TypeError:
+            pass
+    raise FastUlyssesError(
+        f"calls is {calls!r}: it must be a list of fast_ulysses.CallSpec (or of dicts with its "
+        "field names as keys), one per call"
+    )

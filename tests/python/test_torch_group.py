@@ -456,3 +456,136 @@ def test_torch_compile_runs_the_fallback_like_eager(world1, backend):
         assert torch.equal(got, want) and torch.equal(grad, x.grad)
     finally:
         group.destroy()
+
+
+# -- argument rules of the fallback (each one a refusal, never wrong data or a hang) -------------
+
+
+@pytest.fixture(scope="module")
+def two_ranks_device_check(launch_ranks):
+    """The call check's device rule on 2 gloo CPU ranks, alone (tests/workers/call_check.py's
+    device_differs): a rank left waiting in the transport fails the launch at its timeout."""
+    return launch_ranks(
+        "call_check",
+        2,
+        "device_differs",
+        timeout=60,
+        env={
+            "CUDA_VISIBLE_DEVICES": "",
+            "FAST_ULYSSES_CHECK_CALLS": None,
+            "FAST_ULYSSES_DEBUG": None,
+        },
+    )
+
+
+def test_a_meta_input_on_one_rank_is_refused_on_every_rank(two_ranks_device_check):
+    two_ranks_device_check.assert_check("device_differs_P2", ranks=range(2))
+    two_ranks_device_check.assert_clean_exit()
+
+
+def test_a_meta_input_is_refused_naming_its_device(world1):
+    """A meta tensor holds no data: both entry points refuse it (with out= too) instead of
+    returning a meta tensor with nothing moved."""
+    group = TorchUlyssesGroup(world1)
+    meta = torch.ones(1, 2, 2, 8).to("meta")
+    rule = (
+        "x is on meta: this group's process group moves tensors on cpu or cuda only (a meta "
+        "tensor holds no data to send)"
+    )
+    for call in (
+        lambda: group.all_to_all_single_4d(meta, 0, "t"),
+        lambda: group.all_to_all_single_4d_borrowed(meta, 0, "t"),
+        lambda: group.all_to_all_single_4d(meta, 0, "t", out=torch.empty_like(meta)),
+    ):
+        with pytest.raises(FastUlyssesError, match="^" + re.escape(rule) + "$"):
+            call()
+    with pytest.raises(FastUlyssesError, match="^out is on meta but x is on cpu"):
+        group.all_to_all_single_4d(torch.ones(1, 2, 2, 8), 0, "t", out=meta)
+    assert group.stats()["tags"] == 0, "a refused call used up a tag"
+
+
+@pytest.mark.parametrize("calls", [None, 3, "calls", CallSpec((1, 2, 2, 8), "fp32", 0, "r"), GOOD])
+def test_reserve_refuses_calls_that_are_not_a_list(world1, calls):
+    """reserve() (both groups: window_bytes_by_tag) takes a list of calls; one call, None or a
+    number is refused naming `calls`, not a TypeError from iterating it."""
+    message = rf"^calls is {re.escape(repr(calls))}: it must be a list of fast_ulysses.CallSpec"
+    with pytest.raises(FastUlyssesError, match=message):
+        window_bytes_by_tag(calls, 1, 0)
+    group = TorchUlyssesGroup(world1)
+    with pytest.raises(FastUlyssesError, match=message):
+        group.reserve(calls)
+    assert group.stats()["sealed"] is False
+
+
+def test_reserve_names_a_shape_that_is_not_a_sequence(world1):
+    with pytest.raises(
+        FastUlyssesError,
+        match=r"^calls\[0\] \(tag 'r'\): shape is None: it must be a sequence of 4 ints",
+    ):
+        TorchUlyssesGroup(world1).reserve([CallSpec(None, "fp32", 0, "r")])
+
+
+def test_a_reserve_refused_at_the_tag_limit_declares_no_tag(world1):
+    """A reserve() that would pass the tag limit records none of its tags and seals nothing: the
+    group's remaining tag slots stay free, and a smaller reserve() still works."""
+    group = TorchUlyssesGroup(world1)
+    x = torch.ones(1, 1, 1, 4)
+    limit = limits()["max_tags"]
+    for k in range(limit - 6):
+        group.all_to_all_single_4d(x, 0, f"t{k}")
+    declared = [CallSpec((1, 1, 1, 4), torch.float32, 0, f"r{k}") for k in range(10)]
+    with pytest.raises(
+        FastUlyssesError, match=f"tag 'r6' would be the group's tag number {limit + 1}"
+    ):
+        group.reserve(declared)
+    assert group.stats()["tags"] == limit - 6 and group.stats()["sealed"] is False
+    group.all_to_all_single_4d(x, 0, "new")  # a slot the refused reserve() did not take
+    group.reserve(declared[:5])
+    assert group.stats()["tags"] == limit and group.stats()["sealed"] is True
+
+
+@pytest.mark.parametrize("barrier", [None, 0, 1, [], "no"])
+def test_barrier_must_be_a_bool_on_both_groups(world1, barrier):
+    """barrier=None, 0 or [] would defer and "no" would not: both borrowed entry points refuse
+    anything but True or False, before anything is sent."""
+    from fast_ulysses.group import UlyssesGroup
+
+    message = f"^barrier is {re.escape(repr(barrier))}: it must be True or False$"
+    group = TorchUlyssesGroup(world1)
+    x = torch.ones(1, 2, 2, 8)
+    with pytest.raises(FastUlyssesError, match=message):
+        group.all_to_all_single_4d_borrowed(x, 0, "t", barrier=barrier)
+    assert group.stats()["deferred"] == 0 and group.stats()["tags"] == 0
+    # The fast group checks it before it touches the group (no GPU needed to reach the check).
+    with pytest.raises(FastUlyssesError, match=message):
+        UlyssesGroup.all_to_all_single_4d_borrowed(
+            object.__new__(UlyssesGroup), x, 0, "t", barrier=barrier
+        )
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_splits_from_a_generator_reach_the_backward(world1, monkeypatch, debug):
+    """Splits given as one-shot iterables are read once: the forward and the backward (and the
+    debug check, FAST_ULYSSES_DEBUG=1) all see the same values."""
+    monkeypatch.setenv("FAST_ULYSSES_DEBUG", debug)
+    group = TorchUlyssesGroup(world1)
+    x = torch.arange(64.0).reshape(1, 2, 4, 8).requires_grad_(True)
+    y = group.all_to_all_single_4d(x, 0, "g", seq_splits=iter([2]), head_splits=(h for h in [4]))
+    assert torch.equal(y, x)
+    (y * 3).sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            {"process_group": [0]},
+            r"^process_group is \[0\]: it must be a torch.distributed ProcessGroup, or None",
+        ),
+        ({"decision": "x"}, r"^decision is 'x': it must be a fast_ulysses.topology.Decision"),
+    ],
+)
+def test_constructor_refuses_a_bad_process_group_or_decision(world1, kwargs, message):
+    with pytest.raises(FastUlyssesError, match=message):
+        TorchUlyssesGroup(**kwargs)

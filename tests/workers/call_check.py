@@ -20,6 +20,11 @@ the group is still usable.
   other_fields          dtype, barrier, owned against borrowed, and batch and head_dim (with
                         one window size)
   every_rank_invalid    every rank refuses its own call: each raises its own plan message
+  device_differs        x on meta on the last rank only (both entry points, and with out= on
+                        meta there): the refusal names its device; meta on every rank: each
+                        raises the device rule; with meta allowed on every rank's group (a
+                        stand-in for cpu against cuda, which needs a GPU), ranks whose device
+                        types differ raise naming both devices
   check_gathers         one all_gather_into_tensor per call (a backward is a call), no
                         all_gather_object on the success path; with FAST_ULYSSES_CHECK_CALLS=0
                         none, and the calls still match simulate
@@ -62,6 +67,7 @@ MISMATCH_CHECKS = [
     "invalid_one_rank",
     "other_fields",
     "every_rank_invalid",
+    "device_differs",
 ]
 SWITCH_CHECKS = ["check_gathers", "switch_disagrees", "debug_replaces_check"]
 OUT_CHECKS = ["out_bit_exact", "out_refused"]
@@ -322,6 +328,44 @@ def every_rank_invalid(group, pg, r, P):
         assert text == want, f"{text!r} != {want!r}"
         assert counts == {"rows": 1, "objects": 0}, counts
     agreed(group, 80)
+
+
+def device_differs(group, pg, r, P):
+    """A rank whose x is on another device type would send nothing (meta) or wait in the
+    transport: every rank raises instead, before anything is sent, and the group still works."""
+    last = P - 1
+    x = seeded((1, 2, 2 * P, 8), r)
+    rule = "x is on meta: this group's process group moves tensors on cpu or cuda only"
+    mine = x.to("meta") if r == last else x
+    out = torch.empty((1, 2 * P, 2, 8), dtype=x.dtype, device=mine.device)
+    calls = {
+        "owned": lambda: group.all_to_all_single_4d(mine, 0, "q"),
+        "borrowed": lambda: group.all_to_all_single_4d_borrowed(mine, 0, "q"),
+        "out=": lambda: group.all_to_all_single_4d(mine, 0, "q", out=out),
+    }
+    for name, call in calls.items():
+        text = refused_everywhere(
+            pg, call, "was refused on every rank", f"rank {last} called", "which is invalid"
+        )
+        assert rule in text, f"{name}: {text}"
+        agreed(group, 90)
+    meta = x.to("meta")
+    text = refused_everywhere(pg, lambda: group.all_to_all_single_4d(meta, 0, "q"), same=False)
+    assert text.startswith(rule), f"every rank on meta: {text}"
+    agreed(group, 91)
+    types = group._device_types
+    group._device_types = types | {"meta"}  # every rank takes meta: only the row tells them apart
+    try:
+        refused_everywhere(
+            pg,
+            lambda: group.all_to_all_single_4d(mine, 0, "q"),
+            "differs across ranks",
+            ") on cpu but rank",
+            ") on meta: they differ in device",
+        )
+    finally:
+        group._device_types = types
+    agreed(group, 92)
 
 
 # -- the switch (P > 1) --------------------------------------------------------------------------
