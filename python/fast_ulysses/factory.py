@@ -10,11 +10,13 @@ import torch
 import torch.distributed as dist
 
 from ._ops import _C
+from .errors import FastUlyssesError, public
 from .topology import check_prefer, decide
 from .topology_probe import gather_topology
 from .torch_group import TorchUlyssesGroup
 
 
+@public  # (the plan's group-size rule is C++, a plain ValueError)
 def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "auto"):
     """Builds the Ulysses group for `process_group`; collective: every rank calls it.
 
@@ -32,14 +34,15 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
         A `fast_ulysses.group.UlyssesGroup` or a `TorchUlyssesGroup` (both `UlyssesGroupLike`).
 
     Raises:
-        ValueError for a bad `prefer`, for a group of more ranks than one node's 8 (the plan's
+        FastUlyssesError (a ValueError) for a `process_group` that is neither None nor a
+        torch.distributed ProcessGroup, for None before `torch.distributed.init_process_group`,
+        for a bad `prefer`, for a group of more ranks than one node's 8 (the plan's
         limit, which the fallback shares), for a FAST_ULYSSES_* setting refused on any rank or
         FAST_ULYSSES_DEBUG=1 on some ranks only (unless prefer="torch"; every rank raises it,
         naming the ranks), or prefer="fast" where the fast path cannot run.
     """
     check_prefer(prefer)
-    if process_group is None:
-        process_group = dist.group.WORLD
+    process_group = _check_process_group(process_group)
     # Before the topology gather: no fallback would serve a larger group either.
     _C.check_group(dist.get_world_size(process_group), dist.get_rank(process_group))
     topology = None if prefer == "torch" else gather_topology(process_group)  # torch: no probe
@@ -49,6 +52,33 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
     from .group import UlyssesGroup  # the fast group needs the CUDA part: import it only here
 
     return UlyssesGroup(process_group, initial_pool_bytes, decision=decision, topology=topology)
+
+
+def _check_process_group(process_group):
+    """`process_group`, or the default group for None.
+
+    Raises:
+        FastUlyssesError naming process_group: neither None nor a ProcessGroup, or None before
+        the default group exists.
+    """
+    if process_group is None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise FastUlyssesError(
+                "process_group is None but torch.distributed is not initialized: call "
+                "torch.distributed.init_process_group first, or pass a ProcessGroup"
+            )
+        return dist.group.WORLD
+    if dist.is_available() and isinstance(process_group, dist.ProcessGroup):
+        return process_group
+    if dist.is_available() and process_group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise FastUlyssesError(
+            f"process_group is {process_group!r} (GroupMember.NON_GROUP_MEMBER): this rank is "
+            "not in the group new_group made; call make_group on its members only"
+        )
+    raise FastUlyssesError(
+        f"process_group is {process_group!r}: it must be None (the default group) or a "
+        "torch.distributed ProcessGroup"
+    )
 
 
 @runtime_checkable

@@ -71,6 +71,21 @@ def _layout(layout) -> str:
     return layout
 
 
+def check_mode_and_layout(mode, layout) -> tuple[int, str]:
+    """`mode` as the plan's int and `layout`, checked by the plan's own rules and messages
+    (csrc/plan): for code that names a call without planning it (`tags.auto_tag`).
+
+    Raises:
+        FastUlyssesError naming mode (not an int, not 0 or 1) or layout (not one of LAYOUTS).
+    """
+    try:
+        mode, layout = _mode(mode), _layout(layout)
+        _C.shapes(1, 0, mode, 1, 1, [1], [1], layout)  # the plan's mode and layout rules
+    except ValueError as error:
+        raise refused(error) from None
+    return mode, layout
+
+
 def limits() -> dict[str, int]:
     """The product's limits, read from their one definition (csrc/plan/plan.h) as
     `_C.LIMITS`: max_world_size (ranks of one group), max_bytes (of one tensor),
@@ -278,9 +293,16 @@ def simulate(
     executed with memcpy into per-rank windows of `window_bytes`, exactly the addressing the GPU
     transport issues, and output r is read from the start of window r.
 
+    The inputs must describe one all-to-all: every rank's the same batch, head_dim and dtype,
+    and the same splits once resolved (None: even), so only the dimension that differs across
+    ranks (mode 0: the sequence; mode 1: the heads) may differ, and each rank's must equal its
+    split.
+
     Raises:
         FastUlyssesError (a ValueError) naming the argument: `inputs` that is not a sequence of
-        tensors of one dtype, or anything `plan` refuses for a rank.
+        tensors of one dtype readable on the CPU (not meta), ranks that disagree on batch,
+        head_dim or the resolved splits (naming the rank and the shapes), or anything `plan`
+        refuses for a rank.
     """
     try:
         return _simulate(inputs, mode, seq_splits, head_splits, layout)
@@ -312,7 +334,7 @@ def _simulate(inputs, mode, seq_splits, head_splits, layout) -> list[torch.Tenso
                 f"inputs[{r}] has dtype {x.dtype} but inputs[0] has {dtype}: "
                 "every rank must pass the same dtype"
             )
-    host = [x.detach().to("cpu").contiguous() for x in inputs]
+    host = [_on_cpu(x, f"inputs[{r}]") for r, x in enumerate(inputs)]
     plans = [
         plan(
             world_size,
@@ -326,14 +348,7 @@ def _simulate(inputs, mode, seq_splits, head_splits, layout) -> list[torch.Tenso
         )
         for r, x in enumerate(host)
     ]
-    # Every rank's window must be the same size: a rank-dependent input breaks that only when the
-    # ranks disagree about the call, which the plan cannot see from one rank.
-    sizes = {p.window_bytes for p in plans}
-    if len(sizes) != 1:
-        raise FastUlyssesError(
-            f"ranks disagree on the window size ({sorted(sizes)} bytes): their "
-            "shapes and splits do not describe one all-to-all"
-        )
+    _check_ranks_agree(host, plans)
     windows = [torch.empty(plans[0].window_bytes, dtype=torch.uint8) for _ in range(world_size)]
     for r, p in enumerate(plans):
         src = host[r].view(-1).view(torch.uint8)
@@ -344,6 +359,52 @@ def _simulate(inputs, mode, seq_splits, head_splits, layout) -> list[torch.Tenso
         nbytes = _element_size(dtype) * _numel(p.output_shape)
         outputs.append(windows[j][:nbytes].view(dtype).view(p.output_shape).clone())
     return outputs
+
+
+def _on_cpu(x: torch.Tensor, name: str) -> torch.Tensor:
+    """x's data as a contiguous CPU tensor, or FastUlyssesError naming `name` where it has none
+    to read (a meta tensor)."""
+    if x.device.type != "meta":
+        try:
+            return x.detach().to("cpu").contiguous()
+        except NotImplementedError:
+            pass
+    raise FastUlyssesError(
+        f"{name} is on device {x.device}: simulate reads the data, so every input must be on "
+        "a device that can copy it to the CPU (not meta)"
+    )
+
+
+def _check_ranks_agree(host: list[torch.Tensor], plans: list[Plan]) -> None:
+    """Refuses ranks whose calls are not one all-to-all, which no rank's plan can see alone:
+    they must agree on batch and head_dim and on the resolved splits (each rank's plan has
+    checked its own dimension against its split). Otherwise a window would be read where no
+    rank wrote.
+
+    Raises:
+        FastUlyssesError naming the rank, both shapes and the rule.
+    """
+    first, p0 = host[0].shape, plans[0]
+    batch, varying = p0.layout.index("b"), p0.layout.index("s" if p0.mode == 0 else "h")
+    only = (
+        f"only dim {varying} ({'sequence' if p0.mode == 0 else 'heads'}) may differ in mode "
+        f"{p0.mode}, {p0.layout}"
+    )
+    for r in range(1, len(host)):
+        shape, p = host[r].shape, plans[r]
+        if shape[batch] != first[batch] or shape[3] != first[3]:
+            rule = f"ranks must agree on batch (dim {batch}) and head_dim (dim 3); {only}"
+        elif (p.seq_splits, p.head_splits) != (p0.seq_splits, p0.head_splits):
+            rule = (
+                f"they resolve seq_splits={p.seq_splits}, head_splits={p.head_splits} but "
+                f"inputs[0] resolves {p0.seq_splits}, {p0.head_splits}: ranks must agree on "
+                f"the splits (None means even: pass the splits for uneven ones); {only}"
+            )
+        else:
+            continue
+        raise FastUlyssesError(
+            f"inputs[{r}] has shape {list(shape)} but inputs[0] has {list(first)}: {rule}"
+        )
 
 
 def _numel(shape) -> int:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .arguments import as_mode
-from .errors import FastUlyssesError
+from .arguments import as_mode, check_tag
+from .errors import FastUlyssesError, refused
+from .plan import LAYOUTS, check_mode_and_layout
 from .validation import check_input
 
 BACKWARD_SUFFIX = ":grad"
@@ -19,7 +20,13 @@ AUTO_PREFIX = "fu.auto"
 
 def backward_tag(tag: str) -> str:
     """The tag of the backward of a call on `tag`: `tag + ":grad"` (a double backward appends
-    it again)."""
+    it again).
+
+    Raises:
+        FastUlyssesError for a tag that is not a non-empty str (`arguments.check_tag`).
+    """
+    if type(tag) is not str or not tag:  # (the hot path, a checked tag, costs one type check)
+        check_tag(tag)
     return f"{tag}{BACKWARD_SUFFIX}"
 
 
@@ -32,7 +39,28 @@ def auto_tag(x: torch.Tensor, mode, layout: str = "bshd") -> str:
 
     Calls of one shape share a window; that is safe for owned results (the window is copied
     out before the call returns) but not for borrowed ones, which therefore need an explicit tag.
+
+    Raises:
+        FastUlyssesError naming x (not a 4-d torch.Tensor: the input rule's message), mode (not
+        0 or 1) or layout (not one of `plan.LAYOUTS`): the plan's messages.
     """
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        try:
+            check_input(x)  # raises, naming x
+        except ValueError as error:
+            raise refused(error) from None
+    if type(mode) is not int or not 0 <= mode <= 1 or type(layout) is not str:
+        mode, layout = check_mode_and_layout(mode, layout)
+    elif layout not in LAYOUTS:
+        check_mode_and_layout(mode, layout)  # raises, naming layout
+    return _auto_tag(x, mode, layout)
+
+
+def _auto_tag(x: torch.Tensor, mode, layout) -> str:
+    """`auto_tag`'s name without its checks of x's dimensions, mode's value and layout, for
+    `resolve_tag`: the call checks those itself, later (with FAST_ULYSSES_DEBUG=1 inside its
+    agreement gather, where every rank raises; a rank refusing here could leave the others
+    waiting in the gather)."""
     mode = as_mode(mode)
     varying = "s" if mode == 0 else "h"
     position = layout.find(varying) if isinstance(layout, str) else -1
@@ -42,16 +70,17 @@ def auto_tag(x: torch.Tensor, mode, layout: str = "bshd") -> str:
 
 
 def resolve_tag(tag, x, mode, layout) -> str:
-    """`tag` itself, or `auto_tag(x, mode, layout)` for None (the tag rule is checked later).
+    """`tag` itself, or `auto_tag`'s name for None (the tag rule is checked later).
 
     Raises:
-        ValueError (the input rule's) for tag=None with an x that is not a tensor.
+        FastUlyssesError for tag=None with an x that is not a tensor or a mode that is not an
+        int (the rest of `auto_tag`'s checks are the call's own, made later).
     """
     if tag is not None:
         return tag
     if not isinstance(x, torch.Tensor):
         check_input(x)  # raises, naming x
-    return auto_tag(x, mode, layout)
+    return _auto_tag(x, mode, layout)
 
 
 def check_borrowed_tag(tag) -> None:

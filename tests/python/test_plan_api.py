@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -324,3 +325,70 @@ def test_simulate_refuses_by_name(call, message):
     with pytest.raises(fu.errors.FastUlyssesError) as info:
         call(xs)
     assert message in str(info.value)
+
+
+ONE_CALL = (
+    "ranks must agree on batch (dim {b}) and head_dim (dim 3); only dim {v} ({what}) may differ"
+)
+
+
+@pytest.mark.parametrize(
+    "mode,layout,shapes,rule",
+    [
+        (0, "bshd", [(1, 2, 4, 8), (2, 2, 4, 4)], ONE_CALL.format(b=0, v=1, what="sequence")),
+        (0, "bshd", [(1, 2, 4, 8), (1, 2, 4, 4)], ONE_CALL.format(b=0, v=1, what="sequence")),
+        (1, "bshd", [(1, 4, 2, 8), (2, 4, 2, 8)], ONE_CALL.format(b=0, v=2, what="heads")),
+        (0, "sbhd", [(2, 1, 4, 8), (2, 2, 4, 8)], ONE_CALL.format(b=1, v=0, what="sequence")),
+        (1, "bhsd", [(1, 2, 4, 8), (1, 2, 4, 16)], ONE_CALL.format(b=0, v=1, what="heads")),
+    ],
+)
+def test_simulate_refuses_ranks_that_disagree_on_batch_or_head_dim(mode, layout, shapes, rule):
+    """Same element count, other batch or head_dim: before, 16 of 64 output values were read
+    from window bytes no rank wrote."""
+    xs = [torch.randn(shape) for shape in shapes]
+    message = (
+        f"inputs[1] has shape {list(shapes[1])} but inputs[0] has {list(shapes[0])}: {rule} "
+        f"in mode {mode}, {layout}"
+    )
+    with pytest.raises(fu.errors.FastUlyssesError, match=re.escape(message) + "$"):
+        fu.simulate(xs, mode, layout=layout)
+
+
+@pytest.mark.parametrize(
+    "mode,shapes,splits,resolved,varying",
+    [  # rank 1's resolved (seq_splits, head_splits) against rank 0's
+        (0, [(1, 2, 2, 8), (1, 4, 2, 8)], {}, ("[4, 4], [1, 1]", "[2, 2], [1, 1]"), "1 (sequence)"),
+        (0, [(1, 2, 4, 8), (1, 2, 6, 8)], {}, ("[2, 2], [3, 3]", "[2, 2], [2, 2]"), "1 (sequence)"),
+        (
+            1,
+            [(1, 4, 2, 8), (1, 6, 2, 8)],
+            {"head_splits": [2, 2]},
+            ("[3, 3], [2, 2]", "[2, 2], [2, 2]"),
+            "2 (heads)",
+        ),
+    ],
+)
+def test_simulate_refuses_ranks_whose_splits_resolve_differently(
+    mode, shapes, splits, resolved, varying
+):
+    """Uneven rows with seq_splits=None, or another total of heads (mode 0) or rows (mode 1)."""
+    xs = [torch.randn(shape) for shape in shapes]
+    seq, heads = resolved[0].split(", [")
+    message = (
+        f"inputs[1] has shape {list(shapes[1])} but inputs[0] has {list(shapes[0])}: they "
+        f"resolve seq_splits={seq}, head_splits=[{heads} but inputs[0] resolves {resolved[1]}: "
+        "ranks must agree on the splits (None means even: pass the splits for uneven ones); "
+        f"only dim {varying} may differ in mode {mode}, bshd"
+    )
+    with pytest.raises(fu.errors.FastUlyssesError, match=re.escape(message) + "$"):
+        fu.simulate(xs, mode, **splits)
+
+
+def test_simulate_refuses_meta_inputs_by_name():
+    xs = [torch.zeros(1, 2, 2, 8), torch.empty(1, 2, 2, 8, device="meta")]
+    message = (
+        "inputs[1] is on device meta: simulate reads the data, so every input must be on a "
+        "device that can copy it to the CPU (not meta)"
+    )
+    with pytest.raises(fu.errors.FastUlyssesError, match=re.escape(message) + "$"):
+        fu.simulate(xs, 0)
