@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ops/plan_errors.h"
 #include "plan/call_signature.h"
@@ -300,9 +301,18 @@ void UlyssesGroup::reserve(const std::vector<std::string>& tags,
                            const std::vector<int64_t>& window_bytes) {
   TORCH_CHECK_VALUE(tags.size() == window_bytes.size(), "reserve: ", tags.size(), " tags but ",
                     window_bytes.size(), " sizes");
+  // Every tag is checked before any is kept, so a refused reserve() declares no tag and seals
+  // nothing (as on TorchUlyssesGroup): the new tags are counted against the limit together.
+  std::unordered_set<std::string> fresh;
   for (const std::string& tag : tags) {
     const TagState* known = find_tag(tag);
     if (known && known->deferred) check_not_deferred(tag);
+    if (!known && fresh.insert(tag).second)
+      translate_plan_errors([&] {
+        const auto so_far = static_cast<int64_t>(tags_.size() + fresh.size() - 1);
+        check_tag_use(tag, so_far, false, false);
+        return 0;
+      });
   }
   std::vector<std::pair<int, int64_t>> slots;
   for (size_t i = 0; i < tags.size(); ++i)
