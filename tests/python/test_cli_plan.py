@@ -89,6 +89,22 @@ def test_plan_empty_list_is_refused_not_ignored(option):
     _assert_usage_error(run_cli(*args), f"argument {option}: ", "'' holds no integer")
 
 
+@pytest.mark.parametrize(
+    "option,value,item",
+    [
+        ("--shape", "1,100,,16,128", 3),
+        ("--seq-splits", "1,,1", 2),
+        ("--head-splits", "1,,1", 2),
+        ("--head-splits", "8,8,", 3),
+    ],
+)
+def test_plan_empty_item_in_a_list_is_refused(option, value, item):
+    """An empty item is a usage error, not skipped (1,,1 is not read as [1, 1])."""
+    args = ["plan", "--world-size", "2"]
+    args += [option, value] if option == "--shape" else ["--shape", "1,2,16,128", option, value]
+    _assert_usage_error(run_cli(*args), f"argument {option}: ", f"{value!r}: item {item} is empty")
+
+
 @pytest.mark.parametrize("option", ["--shape", "--seq-splits", "--head-splits"])
 def test_plan_non_integer_list(option):
     args = ["plan", "--world-size", "8"]

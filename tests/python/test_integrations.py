@@ -7,6 +7,7 @@ argument errors and patch_yunchang in process."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import types
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 import upstream_frameworks
 
+from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.integrations import deepspeed, diffusers, fastvideo, yunchang
 
 WORLD = 3
@@ -161,3 +163,73 @@ def test_patch_yunchang_without_yunchang_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "yunchang", None)
     with pytest.raises(ImportError, match="patch_yunchang needs yunchang, which is not installed"):
         yunchang.patch_yunchang()
+
+
+def _identity(q, k, v, *args, **kwargs):
+    return q
+
+
+@pytest.mark.parametrize("missing", ["query", "key", "value"])
+def test_deepspeed_refuses_a_tensor_that_is_none(world1, missing):
+    tensors = {name: X for name in ("query", "key", "value")}
+    tensors[missing] = None
+    attn = deepspeed.DistributedAttention(_identity, world1)
+    with pytest.raises(FastUlyssesError, match=re.escape(f"{missing} is None: it must be a 4-d")):
+        attn(*tensors.values(), 0)
+
+
+def test_deepspeed_refuses_a_local_attention_that_is_not_callable(world1):
+    with pytest.raises(
+        FastUlyssesError, match=re.escape("local_attention is None: it must be callable")
+    ):
+        deepspeed.DistributedAttention(None, world1)(X, X, X, 0)
+
+
+def test_deepspeed_refuses_a_local_attention_output_that_is_not_a_tensor(world1):
+    attn = deepspeed.DistributedAttention(lambda q, k, v: None, world1)
+    with pytest.raises(
+        FastUlyssesError, match=re.escape("the local attention's output is None: it must be a 4-d")
+    ):
+        attn(X, X, X, 0)
+
+
+@pytest.mark.parametrize("batch_dim_idx", [[0], True, 0.0])
+def test_deepspeed_refuses_a_batch_dim_idx_that_is_not_an_int(world1, batch_dim_idx):
+    attn = deepspeed.DistributedAttention(_identity, world1)
+    message = f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 (s, b, h, d)"
+    with pytest.raises(FastUlyssesError, match=re.escape(message)):
+        attn(X, X, X, batch_dim_idx)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"scatter_idx": True}, "scatter_idx=True: it must be an int"),
+        ({"gather_idx": False}, "gather_idx=False: it must be an int"),
+        ({"num_kv_heads": True}, "num_kv_heads=True: it must be None or a positive int"),
+    ],
+)
+def test_deepspeed_refuses_a_bool_or_float_where_an_int_is_needed(world1, kwargs, message):
+    with pytest.raises(FastUlyssesError, match=re.escape(message)):
+        deepspeed.DistributedAttention(_identity, world1, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda g: yunchang.all_to_all_4D(X, "2", "1", g), "scatter_idx='2': it must be an int"),
+        (lambda g: yunchang.all_to_all_4D(X, 2.0, 1, g), "scatter_idx=2.0: it must be an int"),
+        (lambda g: yunchang.all_to_all_4D(X, 2, True, g), "gather_idx=True: it must be an int"),
+        (
+            lambda g: fastvideo.all_to_all_4D(X, 1, 2.0, group=g),
+            "gather_dim=2.0: it must be an int",
+        ),
+        (
+            lambda g: yunchang.SeqAllToAll5D.apply(g, torch.zeros(1, 2, 3, 2, 8), True, 3),
+            "scatter_idx=True: it must be an int",
+        ),
+    ],
+)
+def test_upstream_indices_must_be_ints(world1, call, message):
+    with pytest.raises(FastUlyssesError, match=re.escape(message)):
+        call(world1)

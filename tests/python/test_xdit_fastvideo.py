@@ -53,3 +53,46 @@ def test_group_none_without_xdit_says_so(monkeypatch, world1):
     monkeypatch.delitem(sys.modules, "xfuser.model_executor.layers.usp", raising=False)
     with pytest.raises(FastUlyssesError, match="xDiT's Ulysses group is not set up"):
         xfuser.input_all_to_all(torch.zeros(1, 2, 2, 8))
+
+
+def test_xfuser_takes_a_fast_ulysses_group(world1):
+    import torch
+
+    import fast_ulysses as fu
+    from fast_ulysses.integrations import xfuser
+
+    x = torch.randn(1, 2, 2, 8)
+    group = fu.make_group(world1)
+    try:
+        assert xfuser.input_all_to_all(x, group=group) is x  # P = 1: unchanged, as xDiT
+        assert all(t is x for t in xfuser.combined_qkv_all_to_all(x, x, x, group=group))
+    finally:
+        group.destroy()
+
+
+def test_xfuser_refuses_a_group_that_is_not_one(world1):
+    import re
+
+    import torch
+
+    from fast_ulysses.errors import FastUlyssesError
+    from fast_ulysses.integrations import xfuser
+
+    with pytest.raises(FastUlyssesError, match=re.escape("group is a str: it must be a")):
+        xfuser.input_all_to_all(torch.zeros(1, 2, 2, 8), group="g")
+
+
+def test_xfuser_checks_tensors_at_every_world_size(world1):
+    """A 3-d tensor is refused at P = 1 too, so a program does not fail only once P > 1."""
+    import re
+
+    import torch
+
+    from fast_ulysses.errors import FastUlyssesError
+    from fast_ulysses.integrations import xfuser
+
+    x = torch.zeros(1, 2, 2, 8)
+    with pytest.raises(
+        FastUlyssesError, match=re.escape("v has shape (2, 2, 8): xDiT's USP all-to-alls take")
+    ):
+        xfuser.combined_qkv_all_to_all(x, x, x[0], group=world1)

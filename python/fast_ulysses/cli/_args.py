@@ -56,20 +56,17 @@ def integer(example: int | str, minimum: int | None = None, maximum: int | None 
 
 def integers(text: str, example: str = "1,9450,40,128") -> list[int]:
     """An argparse `type`: comma-separated int64-sized ints (--shape, --seq-splits,
-    --head-splits); empty entries are skipped, but one integer at least is required."""
+    --head-splits); an empty item (1,,1 or a trailing comma) is refused, not skipped, and so
+    is a value with no integer at all."""
+    hint = f"(give comma-separated integers, e.g. {example})"
+    if not text.strip():  # an empty --seq-splits "" would otherwise read as "not given"
+        raise argparse.ArgumentTypeError(f"{_shown(text)} holds no integer {hint}")
     values = []
-    for v in text.split(","):
+    for i, v in enumerate(text.split(",")):
         if not v.strip():
-            continue
+            raise argparse.ArgumentTypeError(f"{_shown(text)}: item {i + 1} is empty {hint}")
         value, why = _int64(v)
         if why:
-            raise argparse.ArgumentTypeError(
-                f"{_shown(text)}: {_shown(v.strip())} {why} (give comma-separated integers, "
-                f"e.g. {example})"
-            )
+            raise argparse.ArgumentTypeError(f"{_shown(text)}: {_shown(v.strip())} {why} {hint}")
         values.append(value)
-    if not values:  # an empty --seq-splits "" would otherwise read as "not given"
-        raise argparse.ArgumentTypeError(
-            f"{_shown(text)} holds no integer (give comma-separated integers, e.g. {example})"
-        )
     return values

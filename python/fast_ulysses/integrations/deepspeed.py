@@ -6,9 +6,11 @@ import torch
 
 from ..attention import group_for
 from ..errors import FastUlyssesError
+from ._common import check_tensor, is_int, world_of
 
 # batch_dim_idx -> layout: 0 = (b, s, h, d), 1 = (s, b, h, d).
 _LAYOUTS = {0: "bshd", 1: "sbhd"}
+_SHAPES = {0: "b, s, h, d", 1: "s, b, h, d"}
 
 
 def _mode(idx) -> int:
@@ -87,16 +89,16 @@ class DistributedAttention(torch.nn.Module):
     ):
         super().__init__()
         for name, idx in (("scatter_idx", scatter_idx), ("gather_idx", gather_idx)):
-            if not isinstance(idx, int):
-                raise FastUlyssesError(f"{name}={idx!r}: it must be an int")
-        if num_kv_heads is not None and not (isinstance(num_kv_heads, int) and num_kv_heads > 0):
+            if not is_int(idx):
+                raise FastUlyssesError(f"{name}={idx!r}: it must be an int (not a bool or float)")
+        if num_kv_heads is not None and not (is_int(num_kv_heads) and num_kv_heads > 0):
             raise FastUlyssesError(
                 f"num_kv_heads={num_kv_heads!r}: it must be None or a positive int"
             )
         self.local_attn = local_attention
         self.spg = sequence_process_group
-        self.scatter_idx, self.gather_idx = scatter_idx, gather_idx
-        self.num_kv_heads = num_kv_heads
+        self.scatter_idx, self.gather_idx = int(scatter_idx), int(gather_idx)
+        self.num_kv_heads = None if num_kv_heads is None else int(num_kv_heads)
         self.sp_stream = sp_stream
 
     def forward(
@@ -122,21 +124,21 @@ class DistributedAttention(torch.nn.Module):
         `t * cos + rotate_half(t) * sin`, the other d - r pass unchanged; differentiable.
 
         Raises:
-            FastUlyssesError for another batch_dim_idx, a rotary_pos_emb that is not such a
-            pair, or a shape DeepSpeed refuses (before the all-to-all it concerns is sent;
-            where DeepSpeed's uneven-heads backward fails, in backward).
+            FastUlyssesError for another batch_dim_idx (an int, not a bool), a query, key or
+            value that is not a 4-d tensor, a local_attention that is not callable, a
+            rotary_pos_emb that is not such a pair, or a shape DeepSpeed refuses (each before
+            the all-to-all it concerns is sent; where DeepSpeed's uneven-heads backward fails,
+            in backward); and a local attention whose output is not a 4-d tensor.
         """
-        if batch_dim_idx not in _LAYOUTS:
+        if not is_int(batch_dim_idx) or int(batch_dim_idx) not in _LAYOUTS:
             raise FastUlyssesError(
                 f"batch_dim_idx={batch_dim_idx!r}: it must be 0 (b, s, h, d) or 1 (s, b, h, d)"
             )
+        batch_dim_idx = int(batch_dim_idx)
         layout = _LAYOUTS[batch_dim_idx]
-        group = group_for(self.spg)
-        P = group.world_size
-        if not isinstance(key, torch.Tensor) or key.dim() != 4:
-            raise FastUlyssesError(
-                f"key has shape {tuple(getattr(key, 'shape', ()))}: it must be 4-d"
-            )
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            check_tensor(name, t, 4, f"it must be a 4-d tensor ({_SHAPES[batch_dim_idx]})")
+        P, rank = world_of(self.spg)  # the group itself (a collective) after the checks
         # DeepSpeed's partition basis for all four all-to-alls.
         kv_heads = self.num_kv_heads if self.num_kv_heads is not None else key.shape[2]
         source = "num_kv_heads" if self.num_kv_heads is not None else "key.shape[2]"
@@ -149,7 +151,7 @@ class DistributedAttention(torch.nn.Module):
         uneven = None
         if kv_heads % P:
             uneven = _Uneven(
-                kv_heads, P, group.rank, source, self.scatter_idx, self.gather_idx, batch_dim_idx
+                kv_heads, P, rank, source, self.scatter_idx, self.gather_idx, batch_dim_idx
             )
         splits = [
             uneven.splits(name, t, mode_in) if uneven else None
@@ -160,9 +162,15 @@ class DistributedAttention(torch.nn.Module):
             rotary = _rotary_views(
                 rotary_pos_emb,
                 _exchanged_shape(
-                    query, batch_dim_idx, P, mode_in, splits[0][group.rank] if uneven else None
+                    query, batch_dim_idx, P, mode_in, splits[0][rank] if uneven else None
                 ),
             )
+        if not callable(self.local_attn):
+            raise FastUlyssesError(
+                f"local_attention is {self.local_attn!r}: it must be callable, as "
+                "local_attention(q, k, v, *args, **kwargs)"
+            )
+        group = group_for(self.spg)
         q, k, v = (
             group.all_to_all_single_4d(t.contiguous(), mode_in, None, head_splits=hs, layout=layout)
             for t, hs in zip((query, key, value), splits)
@@ -175,6 +183,12 @@ class DistributedAttention(torch.nn.Module):
         if rotary is not None:
             q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         context = self.local_attn(q, k, v, *args, **kwargs)
+        check_tensor(
+            "the local attention's output",
+            context,
+            4,
+            f"it must be a 4-d tensor ({_SHAPES[batch_dim_idx]}), like q",
+        )
         out_splits = (
             uneven.splits("the local attention's output", context, mode_out) if uneven else None
         )

@@ -9,11 +9,11 @@ import importlib.util
 import sys
 
 import torch
-import torch.distributed as dist
 
 from ..attention import group_for
 from ..errors import FastUlyssesError
 from . import yunchang
+from ._common import check_tensor, world_of
 
 # xDiT's USP module and its all-to-alls, by name: ours for each.
 _USP_MODULES = ("xfuser.model_executor.layers.usp", "xfuser.model_executor.layers.usp_legacy")
@@ -35,18 +35,22 @@ def _ulysses_group(group):
     return pg
 
 
-def _exchange(tensors, mode, group):
+def _exchange(tensors, mode, group, names=("input",)):
     """Each 4-d (b, h, s, d) tensor through one all-to-all in `mode` (0: scatter heads, gather
-    the sequence; 1: the reverse) on the group; unchanged at P = 1, as xDiT returns them."""
+    the sequence; 1: the reverse) on the group; unchanged at P = 1, as xDiT returns them.
+    `group` takes what the other adapters take (a ProcessGroup, a fast-ulysses group), None
+    meaning xDiT's Ulysses group. The tensors (at every P) and the group are checked before
+    anything is sent; `names` names each tensor in a refusal.
+
+    Raises:
+        FastUlyssesError for a tensor that is not 4-d or a group of another kind.
+    """
+    for i, t in enumerate(tensors):
+        name = names[i] if i < len(names) else f"extra[{i - len(names)}]"
+        check_tensor(name, t, 4, "xDiT's USP all-to-alls take 4-d (b, h, s, d) tensors")
     pg = _ulysses_group(group)
-    if dist.get_world_size(pg) <= 1:
+    if world_of(pg)[0] <= 1:
         return tuple(tensors)
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise FastUlyssesError(
-                f"input has shape {tuple(getattr(t, 'shape', ()))}: xDiT's USP "
-                "all-to-alls take 4-d (b, h, s, d) tensors"
-            )
     fu_group = group_for(pg)
     return tuple(
         fu_group.all_to_all_single_4d(t.contiguous(), mode, None, layout="bhsd") for t in tensors
@@ -55,7 +59,7 @@ def _exchange(tensors, mode, group):
 
 def input_all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
     """xDiT's `_ft_c_input_all_to_all`: (b, h, s/P, d) -> (b, h/P, s, d). Differentiable.
-    `group`: a ProcessGroup; None: xDiT's Ulysses group."""
+    `group`: a ProcessGroup or a fast-ulysses group; None: xDiT's Ulysses group."""
     return _exchange((x,), 0, group)[0]
 
 
@@ -67,13 +71,13 @@ def output_all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
 def combined_qkv_all_to_all(q, k, v, *extra, group=None) -> tuple:
     """xDiT's `_combined_qkv_all_to_all`: q, k, v (and tensors shaped like q) each
     (b, h, s/P, d) -> (b, h/P, s, d), returned in order. Differentiable."""
-    return _exchange((q, k, v, *extra), 0, group)
+    return _exchange((q, k, v, *extra), 0, group, ("q", "k", "v"))
 
 
 def combined_gqa_qkv_all_to_all(q, k, v, *extra, group=None) -> tuple:
     """xDiT's `_combined_gqa_qkv_all_to_all`: the same, k and v with fewer heads than q (each
     head count divisible by P). Differentiable."""
-    return _exchange((q, k, v, *extra), 0, group)
+    return _exchange((q, k, v, *extra), 0, group, ("q", "k", "v"))
 
 
 _OURS = {

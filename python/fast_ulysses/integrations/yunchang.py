@@ -8,8 +8,7 @@ import sys
 
 import torch
 
-from ..errors import FastUlyssesError
-from ._common import exchange, mode_for
+from ._common import check_tensor, exchange, mode_for
 
 # The modules imported before patching, so their bound names exist to be rebound.
 _KNOWN_MODULES = (
@@ -60,12 +59,8 @@ class SeqAllToAll5D:
         gather_idx: int = 1,
         use_sync: bool = False,
     ) -> torch.Tensor:
-        if not isinstance(input, torch.Tensor) or input.dim() != 5:
-            raise FastUlyssesError(
-                f"input has shape {tuple(getattr(input, 'shape', ()))}: "
-                "SeqAllToAll5D takes a 5-d (bs, seqlen, 3, hc, hs) tensor"
-            )
         mode = mode_for(scatter_idx, gather_idx, "bsthd", ndim=5)
+        check_tensor("input", input, 5, "SeqAllToAll5D takes a 5-d (bs, seqlen, 3, hc, hs) tensor")
         bs, s, three, h, d = input.shape
         # The packed dimension joins the batch: (3 * bs, s, h, d), one all-to-all for q, k, v.
         folded = input.permute(2, 0, 1, 3, 4).reshape(three * bs, s, h, d)
