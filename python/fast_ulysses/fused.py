@@ -20,13 +20,16 @@ to x's dtype once at the end:
 
 from __future__ import annotations
 
+import functools
+import numbers
 from collections.abc import Sequence
 
 import torch
 
 from ._ops import _C, ops
 from .arguments import as_splits, check_tag, check_tags
-from .errors import FastUlyssesError
+from .errors import FastUlyssesError, refused
+from .plan import plan
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
 NORMS, ROPE_STYLES = _C.NORMS, _C.ROPE_STYLES
@@ -49,8 +52,11 @@ def norm_rope_reference(
 
     Returns:
         A tensor shaped and typed like x.
+
+    Raises:
+        FastUlyssesError naming the argument and the rule (`_check_args`).
     """
-    ops.check_norm_rope(x, norm_weight, float(eps), cos, sin, norm, rope_style, layout)
+    eps = _check_args(x, norm_weight, eps, cos, sin, norm, rope_style, layout)
     xf = x.float()
     b_s_n_d = xf if layout == "bshd" else xf.transpose(0, 1)  # a (b, s, N, d) view
     B, S, N, D = b_s_n_d.shape
@@ -70,6 +76,58 @@ def norm_rope_reference(
         out = torch.cat((a * c - b * t, a * t + b * c), dim=-1)
     out = out if layout == "bshd" else out.transpose(0, 1)
     return out.to(x.dtype).contiguous()
+
+
+def _check_args(x, norm_weight, eps, cos, sin, norm, rope_style, layout) -> float:
+    """The argument rules of the fused call (`qk_norm_rope_all_to_all`'s arguments):
+    `_check_types`, then the C++ rules (the op `check_norm_rope`, which a trace keeps).
+
+    Returns:
+        eps as a float.
+
+    Raises:
+        FastUlyssesError naming the argument, its value and the rule.
+    """
+    eps = _check_types(x, norm_weight, eps, cos, sin, norm, rope_style, layout)
+    try:
+        ops.check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout)
+    except ValueError as error:
+        raise refused(error) from None
+    return eps
+
+
+def _check_types(x, norm_weight, eps, cos, sin, norm, rope_style, layout) -> float:
+    """The types the fused op's schema would refuse without naming the argument: x,
+    norm_weight, cos and sin tensors, norm, rope_style and layout str, eps a real number (not a
+    bool). A few isinstance checks: the fast path's per-call cost.
+
+    Returns:
+        eps as a float.
+
+    Raises:
+        FastUlyssesError naming the argument, its value and the rule.
+    """
+    Tensor = torch.Tensor
+    if not (
+        isinstance(x, Tensor)
+        and isinstance(norm_weight, Tensor)
+        and isinstance(cos, Tensor)
+        and isinstance(sin, Tensor)
+    ):
+        for name, t in (("x", x), ("norm_weight", norm_weight), ("cos", cos), ("sin", sin)):
+            if not isinstance(t, Tensor):
+                raise FastUlyssesError(f"{name} is a {type(t).__name__}: it must be a torch.Tensor")
+    if not (isinstance(norm, str) and isinstance(rope_style, str) and isinstance(layout, str)):
+        for name, value, rule in (
+            ("norm", norm, f"one of {NORMS}"),
+            ("rope_style", rope_style, f"one of {ROPE_STYLES}"),
+            ("layout", layout, "the layout's name"),
+        ):
+            if not isinstance(value, str):
+                raise FastUlyssesError(f"{name} is {value!r}: it must be a str, {rule}")
+    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):
+        raise FastUlyssesError(f"eps is {eps!r}: it must be a finite number > 0 (a float)")
+    return float(eps)
 
 
 def qk_norm_rope_all_to_all(
@@ -109,22 +167,14 @@ def qk_norm_rope_all_to_all(
         This rank's mode-0 output, (b, S, head_splits[r], d) for bshd, in x's dtype.
 
     Raises:
-        ValueError naming the argument and the rule (the C++ check_norm_rope, then the plan's);
-        ValueError for an x that requires grad: the fused path has no backward.
+        FastUlyssesError naming the argument and the rule (`_check_types`, the C++
+        check_norm_rope, then the plan's), before anything is sent; for an x that requires
+        grad: the fused path has no backward.
     """
-    fallback = getattr(group, "fallback", None)  # both groups have it; a cheap per-call test
-    if fallback is None:
-        raise FastUlyssesError(
-            f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
-            f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)"
-        )
+    fallback = _check_group(group)
     check_tag(tag)
-    if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
-        raise FastUlyssesError(
-            "x requires grad, but qk_norm_rope_all_to_all has no backward: for "
-            "training, apply the norm and RoPE with torch, then "
-            "group.all_to_all_single_4d (autograd-aware)"
-        )
+    eps = _check_types(x, norm_weight, eps, cos, sin, norm, rope_style, layout)
+    _check_grad(x)
     kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
     if fallback:
         y = norm_rope_reference(
@@ -136,24 +186,48 @@ def qk_norm_rope_all_to_all(
     if torch.compiler.is_compiling():
         borrowed = False  # traced as the owned call, as the borrowed all-to-all is
     name = "qk_norm_rope_all_to_all" + ("_borrowed" if borrowed else "")
-    group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
-    return ops.qk_norm_rope_all_to_all(
-        x,
-        tag,
-        group.group_name,
-        norm_weight,
-        float(eps),
-        cos,
-        sin,
-        norm,
-        rope_style,
-        as_splits(seq_splits, "seq_splits"),
-        as_splits(head_splits, "head_splits"),
-        layout,
-        bool(borrowed),
-        bool(barrier),
-        group.rank,
-    )
+    try:
+        group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
+        return ops.qk_norm_rope_all_to_all(
+            x,
+            tag,
+            group.group_name,
+            norm_weight,
+            eps,
+            cos,
+            sin,
+            norm,
+            rope_style,
+            as_splits(seq_splits, "seq_splits"),
+            as_splits(head_splits, "head_splits"),
+            layout,
+            bool(borrowed),
+            bool(barrier),
+            group.rank,
+        )
+    except ValueError as error:  # the op's checks (C++) raise ValueError
+        raise refused(error) from None
+
+
+def _check_group(group) -> bool:
+    """The group's `fallback` (both groups have it; a cheap per-call test), or
+    FastUlyssesError for anything else."""
+    fallback = getattr(group, "fallback", None)
+    if fallback is None:
+        raise FastUlyssesError(
+            f"group is a {type(group).__name__}: it must be a UlyssesGroup or a "
+            f"TorchUlyssesGroup (fast_ulysses.make_group(process_group) builds one)"
+        )
+    return fallback
+
+
+def _check_grad(x) -> None:
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise FastUlyssesError(
+            "x requires grad, but qk_norm_rope_all_to_all has no backward: for "
+            "training, apply the norm and RoPE with torch, then "
+            "group.all_to_all_single_4d (autograd-aware)"
+        )
 
 
 def qk_norm_rope_all_to_all_qk(
@@ -174,8 +248,28 @@ def qk_norm_rope_all_to_all_qk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k through `qk_norm_rope_all_to_all` with one closing handshake for both: two
     borrowed calls with barrier=False, then one `group.barrier()`. Returns the two borrowed
-    results (valid until the next call with their tags); `norm_weights` is (q's, k's)."""
+    results (valid until the next call with their tags); `norm_weights` is (q's, k's).
+
+    Raises:
+        As `qk_norm_rope_all_to_all`, and FastUlyssesError for tags or norm_weights that are
+        not two; k's arguments are checked before q's call is issued (a refusal of k's call
+        once q's is out would leave q's tag waiting for `barrier()`).
+    """
     tags = check_tags(tags, ("q's", "k's"))
+    if not isinstance(norm_weights, (tuple, list)) or len(norm_weights) != 2:
+        raise FastUlyssesError(
+            f"norm_weights is {norm_weights!r}: it must be a tuple or list of 2 tensors (q's, k's)"
+        )
+    seq_splits = as_splits(seq_splits, "seq_splits")  # once: an iterator is read once
+    head_splits = as_splits(head_splits, "head_splits")
+    _check_k(
+        group,
+        q,
+        k,
+        (norm_weights[1], eps, cos, sin, norm, rope_style, layout),
+        seq_splits,
+        head_splits,
+    )
     out = tuple(
         qk_norm_rope_all_to_all(
             group,
@@ -197,3 +291,42 @@ def qk_norm_rope_all_to_all_qk(
     )
     group.barrier()
     return out
+
+
+def _check_k(group, q, k, args, seq_splits, head_splits) -> None:
+    """The rules k's call (`qk_norm_rope_all_to_all(group, k, ...)`, args its norm_weight, eps,
+    cos, sin, norm, rope_style and layout) checks, checked before q's call is issued: its
+    arguments (`_check_args`), grad, q's device, and its plan where its shape or dtype are not
+    q's (q's call checks q's plan before anything is sent).
+
+    Raises:
+        FastUlyssesError: "k's call: " and the message k's call would raise (naming x).
+    """
+    try:
+        _check_group(group)
+        _check_args(k, *args)
+        _check_grad(k)
+        if not isinstance(q, torch.Tensor):
+            return  # q's call refuses it
+        if k.device != q.device:
+            raise FastUlyssesError(
+                f"x (k) is on {k.device} but q is on {q.device}: q and k must be on one device"
+            )
+        if k.shape != q.shape or k.dtype != q.dtype:
+            _check_plan(
+                group.world_size,
+                group.rank,
+                tuple(k.shape),
+                k.element_size(),
+                None if seq_splits is None else tuple(seq_splits),
+                None if head_splits is None else tuple(head_splits),
+                args[-1],
+            )
+    except FastUlyssesError as error:
+        raise FastUlyssesError(f"k's call: {error}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _check_plan(world_size, rank, shape, element_size, seq, heads, layout) -> None:
+    """plan() of one mode-0 call (its FastUlyssesError), remembered when it passes."""
+    plan(world_size, rank, 0, shape, element_size, seq_splits=seq, head_splits=heads, layout=layout)

@@ -140,6 +140,146 @@ def test_qk_needs_two_different_tags(world1, tags):
         )
 
 
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_the_fallbacks_refusals_are_fast_ulysses_errors(world1, case):
+    """Every argument rule of the C++ check reaches a caller of qk_norm_rope_all_to_all on the
+    fallback group as FastUlyssesError, its message unchanged (before: a plain ValueError)."""
+    x, w, c, s = inputs("bshd", "all_heads")
+    args = dict(
+        x=x, weight=w, eps=1e-6, cos=c, sin=s, norm="all_heads", rope_style="half", layout="bshd"
+    )
+    change, needle = BAD[case]
+    args.update(change)
+    with pytest.raises(fu.FastUlyssesError, match=re.escape(needle)):
+        fu.qk_norm_rope_all_to_all(
+            fu.TorchUlyssesGroup(world1),
+            args["x"],
+            "q",
+            norm_weight=args["weight"],
+            eps=args["eps"],
+            cos=args["cos"],
+            sin=args["sin"],
+            norm=args["norm"],
+            rope_style=args["rope_style"],
+            layout=args["layout"],
+        )
+
+
+BAD_TYPES = {  # an argument of a type the op's schema refuses without naming it
+    "eps str": (dict(eps="1e-6"), "eps is '1e-6': it must be a finite number > 0"),
+    "eps None": (dict(eps=None), "eps is None: it must be a finite number > 0"),
+    "eps bool": (dict(eps=True), "eps is True: it must be a finite number > 0"),
+    "norm None": (dict(norm=None), f"norm is None: it must be a str, one of {NORMS}"),
+    "rope_style int": (
+        dict(rope_style=1),
+        f"rope_style is 1: it must be a str, one of {ROPE_STYLES}",
+    ),
+    "layout None": (dict(layout=None), "layout is None: it must be a str"),
+    "x None": (dict(x=None), "x is a NoneType: it must be a torch.Tensor"),
+    "norm_weight list": (
+        dict(norm_weight=[1.0] * 24),
+        "norm_weight is a list: it must be a torch.Tensor",
+    ),
+    "cos None": (dict(cos=None), "cos is a NoneType: it must be a torch.Tensor"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TYPES))
+def test_argument_types_are_named(world1, case):
+    """Arguments of the wrong type raise FastUlyssesError naming the argument (before:
+    TypeError from the math, or torch's schema RuntimeError)."""
+    x, w, c, s = inputs("bshd", "all_heads")
+    args = dict(x=x, norm_weight=w, eps=1e-6, cos=c, sin=s)
+    change, needle = BAD_TYPES[case]
+    args.update(change)
+    x = args.pop("x")
+    with pytest.raises(fu.FastUlyssesError, match=re.escape(needle)):
+        fu.qk_norm_rope_all_to_all(fu.TorchUlyssesGroup(world1), x, "q", **args)
+
+
+@pytest.mark.parametrize("weights", [None, "w", "one"])
+def test_qk_needs_two_norm_weights(world1, weights):
+    x, w, c, s = inputs("bshd", "all_heads")
+    weights = {"w": w, "one": (w,)}.get(weights)
+    rule = "it must be a tuple or list of 2 tensors (q's, k's)"
+    with pytest.raises(
+        fu.FastUlyssesError, match=re.escape(f"norm_weights is {weights!r}: {rule}")
+    ):
+        fu.qk_norm_rope_all_to_all_qk(
+            fu.TorchUlyssesGroup(world1), x, x, norm_weights=weights, eps=1e-6, cos=c, sin=s
+        )
+
+
+BAD_K = {  # k (or k's norm weight) refused by k's call only, with the message of k's call
+    "odd head_dim": (
+        dict(k=torch.zeros(2, 5, 3, 7)),
+        "k's call: x has head_dim 7: RoPE rotates pairs, so head_dim must be even",
+    ),
+    "k's norm weight": (dict(wk=torch.ones(8)), "k's call: norm_weight has shape [8]"),
+    "k requires grad": (
+        dict(k=torch.zeros(2, 5, 3, 8, requires_grad=True)),
+        "k's call: x requires grad, but qk_norm_rope_all_to_all has no backward",
+    ),
+    "k on meta": (
+        dict(k=torch.zeros(2, 5, 3, 8, device="meta")),
+        "k's call: norm_weight is on cpu but x is on meta",
+    ),
+    "k's head splits": (
+        dict(k=torch.zeros(2, 5, 2, 8), wk=torch.ones(8), norm="per_head", head_splits=[3]),
+        "k's call: head_splits",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_K))
+def test_qk_checks_k_before_qs_call(world1, case):
+    """A k that k's call refuses is refused before q's borrowed call goes out, so the group
+    stays usable: the next q-and-k call works and matches the reference (before, q's tag was
+    left waiting for barrier() and every later call on it was refused)."""
+    x, w, c, s = inputs("bshd", "all_heads")
+    group = fu.TorchUlyssesGroup(world1)
+    change, needle = BAD_K[case]
+    args = dict(k=x, wq=w, wk=w, norm="all_heads", head_splits=None)
+    if change.get("norm") == "per_head":
+        args["wq"] = torch.ones(8)
+    args.update(change)
+    with pytest.raises(fu.FastUlyssesError, match=re.escape(needle)):
+        fu.qk_norm_rope_all_to_all_qk(
+            group,
+            x,
+            args["k"],
+            norm_weights=(args["wq"], args["wk"]),
+            eps=1e-6,
+            cos=c,
+            sin=s,
+            norm=args["norm"],
+            head_splits=args["head_splits"],
+        )
+    q, k = fu.qk_norm_rope_all_to_all_qk(group, x, x, norm_weights=(w, w), eps=1e-6, cos=c, sin=s)
+    want = norm_rope_reference(x, w, 1e-6, c, s)  # P = 1: the all-to-all is the identity
+    assert torch.equal(q, want) and torch.equal(k, want)
+
+
+def test_qk_reads_one_shot_split_iterators_once(world1):
+    """Splits given as iterators are read once for both calls (before, q's call used them up
+    and k's was refused after q's had gone out)."""
+    x, w, c, s = inputs("bshd", "all_heads")
+    group = fu.TorchUlyssesGroup(world1)
+    q, k = fu.qk_norm_rope_all_to_all_qk(
+        group,
+        x,
+        x,
+        norm_weights=(w, w),
+        eps=1e-6,
+        cos=c,
+        sin=s,
+        seq_splits=iter([5]),
+        head_splits=iter([3]),
+    )
+    want = norm_rope_reference(x, w, 1e-6, c, s)
+    assert torch.equal(q, want) and torch.equal(k, want)
+
+
 @pytest.fixture(scope="module")
 def three_ranks(launch_ranks):
     return launch_ranks("fused_torch_group", 3, timeout=240, env={"CUDA_VISIBLE_DEVICES": ""})
