@@ -70,6 +70,32 @@ def test_compile_traces_the_op(world1):
 
 
 @needs_gpu
+def test_a_reserve_refused_at_the_tag_limit_declares_no_tag(world1):
+    """UlyssesGroup's reserve() that would pass the tag limit keeps none of its tags and seals
+    nothing, as TorchUlyssesGroup's (P = 1, in process)."""
+    import fast_ulysses as fu
+    from fast_ulysses.plan import limits
+
+    group = fu.UlyssesGroup(world1, 1 << 20)
+    try:
+        x = torch.ones(1, 1, 1, 8, device="cuda")
+        limit = limits()["max_tags"]
+        for k in range(limit - 6):
+            group.all_to_all_single_4d(x, 0, f"t{k}")
+        declared = [fu.CallSpec((1, 1, 1, 8), torch.float32, 0, f"r{k}") for k in range(10)]
+        with pytest.raises(ValueError, match=f"would be the group's tag number {limit + 1}"):
+            group.reserve(declared)
+        stats = group.stats()
+        assert stats["tags"] == limit - 6 and not stats["sealed"], stats
+        group.all_to_all_single_4d(x, 0, "new")  # a slot the refused reserve() did not take
+        group.reserve(declared[:5])
+        stats = group.stats()
+        assert stats["tags"] == limit and stats["sealed"], stats
+    finally:
+        group.destroy()
+
+
+@needs_gpu
 def test_watchdog_abort_ends_a_hung_job(launch_ranks):
     """A rank that never calls: with FAST_ULYSSES_WATCHDOG_ACTION=abort (the default) its peer's
     watchdog reports on stderr and ends its own process non-zero, while the other rank is still
