@@ -4,7 +4,6 @@ into a fast-ulysses group (used by the module and by `fast_ulysses.integrations`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -15,7 +14,7 @@ from .arguments import as_splits, check_tags
 from .errors import FastUlyssesError, refused
 from .factory import UlyssesGroupLike
 from .head_groups import check_pipeline, expand_kv, head_groups, kv_send, q_send
-from .plan import LAYOUTS, plan
+from .plan import LAYOUTS, cached_plan, plan
 
 # One group per ProcessGroup, built by make_group on first use (a collective: every rank of
 # the process group reaches its first use at the same call, by the ordering contract).
@@ -322,17 +321,7 @@ def _q_splits(group, q, seq_splits, head_splits, layout) -> tuple:
         raise refused(error) from None
 
 
-@functools.lru_cache(maxsize=256)
 def _resolved_heads(world_size, rank, shape, element_size, seq, heads, layout) -> tuple:
     return tuple(
-        plan(
-            world_size,
-            rank,
-            0,
-            shape,
-            element_size,
-            seq_splits=seq,
-            head_splits=heads,
-            layout=layout,
-        ).head_splits
+        cached_plan(world_size, rank, 0, shape, element_size, seq, heads, layout).head_splits
     )

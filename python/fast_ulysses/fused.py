@@ -20,7 +20,6 @@ to x's dtype once at the end:
 
 from __future__ import annotations
 
-import functools
 import numbers
 from collections.abc import Sequence
 
@@ -29,7 +28,7 @@ import torch
 from ._ops import _C, ops
 from .arguments import as_splits, check_tag, check_tags
 from .errors import FastUlyssesError, refused
-from .plan import plan
+from .plan import cached_plan
 
 # The names norm= and rope_style= take, read from their one definition (C++, the op's checks).
 NORMS, ROPE_STYLES = _C.NORMS, _C.ROPE_STYLES
@@ -313,9 +312,10 @@ def _check_k(group, q, k, args, seq_splits, head_splits) -> None:
                 f"x (k) is on {k.device} but q is on {q.device}: q and k must be on one device"
             )
         if k.shape != q.shape or k.dtype != q.dtype:
-            _check_plan(
+            cached_plan(
                 group.world_size,
                 group.rank,
+                0,
                 tuple(k.shape),
                 k.element_size(),
                 None if seq_splits is None else tuple(seq_splits),
@@ -324,9 +324,3 @@ def _check_k(group, q, k, args, seq_splits, head_splits) -> None:
             )
     except FastUlyssesError as error:
         raise FastUlyssesError(f"k's call: {error}") from None
-
-
-@functools.lru_cache(maxsize=256)
-def _check_plan(world_size, rank, shape, element_size, seq, heads, layout) -> None:
-    """plan() of one mode-0 call (its FastUlyssesError), remembered when it passes."""
-    plan(world_size, rank, 0, shape, element_size, seq_splits=seq, head_splits=heads, layout=layout)

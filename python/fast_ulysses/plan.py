@@ -6,6 +6,7 @@ defaults and error messages are exactly those the GPU path uses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -275,6 +276,25 @@ def plan(
         head_splits=heads,
         window_bytes=window_bytes,
         element_size=element_size,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def cached_plan(world_size, rank, mode, shape, element_size, seq, heads, layout) -> Plan:
+    """`plan` of one call, remembered: for the modules that plan a call on the host before
+    issuing it (UlyssesAttention's head groups, the fused q-and-k call's check of k), every
+    argument hashable (tuples or None for shape and the splits). A refused call is not
+    remembered: it raises `plan`'s FastUlyssesError each time. Treat the result as read-only.
+    """
+    return plan(
+        world_size,
+        rank,
+        mode,
+        shape,
+        element_size,
+        seq_splits=seq,
+        head_splits=heads,
+        layout=layout,
     )
 
 
