@@ -198,7 +198,10 @@ class Plan(list):
         return sum(d.bytes for d in self if d.peer != self.rank)
 
 
-def _element_size(dtype) -> int:
+def _element_size(dtype, argument: str | None = None) -> int:
+    """The element size of `dtype` (a torch.dtype, a name or a size in bytes) under the groups'
+    dtype rule. A refusal names `argument` (default: "dtype=<the dtype as torch spells it>", the
+    argument the caller passed) and the rule, not the `x` of the groups' tensor check."""
     if type(dtype) is int or (hasattr(dtype, "__index__") and not isinstance(dtype, bool)):
         return as_int(dtype, "dtype")  # an element size in bytes (the plan checks 1, 2 or 4)
     if isinstance(dtype, float):
@@ -208,8 +211,14 @@ def _element_size(dtype) -> int:
         )
     # The groups' own dtype rule (`_C.check_input`), on a Meta tensor: the same message for a
     # dtype the groups refuse (bool, complex, 8 bytes), not only for its byte count.
-    meta = torch.empty((1, 1, 1, 1), dtype=resolve_dtype(dtype), device="meta")
-    return _C.check_input(meta)
+    resolved = resolve_dtype(dtype)
+    meta = torch.empty((1, 1, 1, 1), dtype=resolved, device="meta")
+    try:
+        return _C.check_input(meta)
+    except ValueError as error:  # "x has dtype Double of 8 bytes: <rule>"
+        rule = str(error).partition(": ")[2] or str(error)
+        size = f" ({resolved.itemsize}-byte elements)" if "element size" in rule else ""
+        raise FastUlyssesError(f"{argument or f'dtype={resolved}'}{size}: {rule}") from None
 
 
 def plan(
@@ -354,6 +363,7 @@ def _simulate(inputs, mode, seq_splits, head_splits, layout) -> list[torch.Tenso
                 f"inputs[{r}] has dtype {x.dtype} but inputs[0] has {dtype}: "
                 "every rank must pass the same dtype"
             )
+    _element_size(dtype, f"inputs[0] has dtype {dtype}")  # (plan() would name dtype=)
     host = [_on_cpu(x, f"inputs[{r}]") for r, x in enumerate(inputs)]
     plans = [
         plan(

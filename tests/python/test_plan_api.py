@@ -264,6 +264,36 @@ def test_plan_refusals_from_cpp_reach_the_caller_as_fast_ulysses_errors(kwargs, 
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "dtype,message",
+    [
+        (
+            torch.float64,
+            "dtype=torch.float64 (8-byte elements): element size must be 1, 2 or 4 bytes",
+        ),
+        (torch.int64, "dtype=torch.int64 (8-byte elements): element size must be 1, 2 or 4"),
+        (torch.bool, "dtype=torch.bool: complex and bool tensors are not supported"),
+        (torch.complex64, "dtype=torch.complex64: complex and bool tensors are not supported"),
+    ],
+)
+def test_plan_refuses_a_dtype_by_the_argument_the_caller_passed(dtype, message):
+    """plan(..., torch.float64) names its dtype argument as torch spells it and the rule, not
+    the `x` (and c10's "Double") of the groups' tensor check: plan() has no x."""
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        fu.plan(2, 0, 0, SHAPE, dtype)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "x has" not in str(info.value) and "Double" not in str(info.value)
+
+
+def test_simulate_refuses_a_dtype_by_its_inputs():
+    """simulate() has no dtype argument: it names its inputs' dtype."""
+    with pytest.raises(fu.errors.FastUlyssesError) as info:
+        fu.simulate([torch.zeros(1, 2, 2, 8, dtype=torch.float64)] * 2, 0)
+    assert str(info.value).startswith(
+        "inputs[0] has dtype torch.float64 (8-byte elements): element size must be 1, 2 or 4"
+    ), str(info.value)
+
+
 def test_plan_takes_any_integer_type_and_keeps_plain_ints():
     """numpy and 0-d tensor integers are integers (as everywhere in the API): the plan takes
     them, element size included, and its Plan holds plain ints."""
