@@ -2,9 +2,11 @@
 tests/workers/upstream_frameworks.py (yunchang, diffusers and DeepSpeed's own all-to-alls and
 layers), deepspeed_adapter.py (DeepSpeed's DistributedAttention at every index pair, rotary, its
 uneven-heads path and the refusals) and xdit_fastvideo.py (xfuser's USP all-to-alls and
-patch_xfuser, FastVideo's all_to_all_4D; from build/upstream-nodeps, as upstream_nodeps.py
-describes), P = 1, 2, 3 ranks sharing this machine's first GPU, one launch per worker and P
-(the fast group runs a worker on its whole world only), one test per check. Ours runs on the
+patch_xfuser, the combined q/k/v as one call of the group; FastVideo's all_to_all_4D and
+patch_fastvideo through its own sequence_model_parallel_all_to_all_4D, calls counted; from
+build/upstream-nodeps, as upstream_nodeps.py describes), P = 1, 2, 3 ranks sharing this
+machine's first GPU, one launch per worker and P (the fast group runs a worker on its whole
+world only), one test per check. Ours runs on the
 fast group on cuda:0, upstream's functions on the same CUDA tensors over the gloo process group;
 every comparison is the CPU tests' own, bit for bit, forward and gradients. Each launch's first
 check, fast_group_P<p>, is that the fast group (not the fallback) was chosen. They skip, saying

@@ -6,7 +6,10 @@ signatures and meaning (backward included), running on a fast-ulysses group:
 - `fast_ulysses.integrations.deepspeed`: DeepSpeed-Ulysses (`DistributedAttention`).
 - `fast_ulysses.integrations.diffusers`: diffusers' context parallelism
   (`_all_to_all_dim_exchange`, `SeqAllToAllDim`, `patch_diffusers()` / `unpatch_diffusers()`).
-- `fast_ulysses.integrations.fastvideo`: FastVideo (`all_to_all_4D`).
+- `fast_ulysses.integrations.xfuser`: xDiT's USP all-to-alls (`input_all_to_all`,
+  `combined_qkv_all_to_all`, ..., `patch_xfuser()` / `unpatch_xfuser()`).
+- `fast_ulysses.integrations.fastvideo`: FastVideo (`all_to_all_4D`, `patch_fastvideo()` /
+  `unpatch_fastvideo()`).
 
 The upstream `group` argument is a torch ProcessGroup; it is mapped to a fast-ulysses group by
 `fast_ulysses.attention.group_for` (built on first use). Calls use owned results and

@@ -1,5 +1,6 @@
 """xDiT (xfuser): the all-to-alls of its USP attention (`xfuser.model_executor.layers.usp`),
-in its (b, h, s, d) layout, and `patch_xfuser()` / `unpatch_xfuser()` to make xDiT use them and
+in its (b, h, s, d) layout (its combined q/k/v, GQA included, as one call of the group, as xDiT
+makes one collective), and `patch_xfuser()` / `unpatch_xfuser()` to make xDiT use them and
 fast-ulysses' yunchang all-to-alls (`patch_yunchang`) in its long-context attention layer."""
 
 from __future__ import annotations
@@ -35,6 +36,20 @@ def _ulysses_group(group):
     return pg
 
 
+def _check(tensors, names):
+    """Each tensor a 4-d (b, h, s, d) tensor, at every P; `names` names each in a refusal."""
+    for i, t in enumerate(tensors):
+        name = names[i] if i < len(names) else f"extra[{i - len(names)}]"
+        check_tensor(name, t, 4, "xDiT's USP all-to-alls take 4-d (b, h, s, d) tensors")
+
+
+def _ulysses_world(group):
+    """(the group, its size P) for `group` (None: xDiT's Ulysses group), without building its
+    fast-ulysses group (a collective), so the arguments are checked first."""
+    pg = _ulysses_group(group)
+    return pg, world_of(pg)[0]
+
+
 def _exchange(tensors, mode, group, names=("input",)):
     """Each 4-d (b, h, s, d) tensor through one all-to-all in `mode` (0: scatter heads, gather
     the sequence; 1: the reverse) on the group; unchanged at P = 1, as xDiT returns them.
@@ -45,16 +60,18 @@ def _exchange(tensors, mode, group, names=("input",)):
     Raises:
         FastUlyssesError for a tensor that is not 4-d or a group of another kind.
     """
-    for i, t in enumerate(tensors):
-        name = names[i] if i < len(names) else f"extra[{i - len(names)}]"
-        check_tensor(name, t, 4, "xDiT's USP all-to-alls take 4-d (b, h, s, d) tensors")
-    pg = _ulysses_group(group)
-    if world_of(pg)[0] <= 1:
+    _check(tensors, names)
+    pg, P = _ulysses_world(group)
+    if P <= 1:
         return tuple(tensors)
     fu_group = group_for(pg)
     return tuple(
         fu_group.all_to_all_single_4d(t.contiguous(), mode, None, layout="bhsd") for t in tensors
     )
+
+
+def _shapes(tensors) -> str:
+    return ", ".join(str(tuple(t.shape)) for t in tensors)
 
 
 def input_all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -70,14 +87,95 @@ def output_all_to_all(x: torch.Tensor, group=None) -> torch.Tensor:
 
 def combined_qkv_all_to_all(q, k, v, *extra, group=None) -> tuple:
     """xDiT's `_combined_qkv_all_to_all`: q, k, v (and tensors shaped like q) each
-    (b, h, s/P, d) -> (b, h/P, s, d), returned in order. Differentiable."""
-    return _exchange((q, k, v, *extra), 0, group, ("q", "k", "v"))
+    (b, h, s/P, d) -> (b, h/P, s, d), returned in order, in ONE all-to-all of the group, as
+    xDiT makes one: the n tensors stacked along the batch, (n * b, h, s/P, d), is one regular
+    call whose result, split back along the batch, is each tensor's own all-to-all (rank r
+    receives heads r of every one). Differentiable.
+
+    Raises:
+        FastUlyssesError, at every P and before anything is sent, for a tensor that is not 4-d
+        or a k, v or extra tensor not shaped like q (xDiT stacks them: its rule, which it checks
+        only at P > 1; for k and v with fewer heads use `combined_gqa_qkv_all_to_all`).
+    """
+    tensors = (q, k, v, *extra)
+    _check(tensors, ("q", "k", "v"))
+    if any(t.shape != q.shape for t in tensors):
+        raise FastUlyssesError(
+            f"q, k, v, *extra have shapes {_shapes(tensors)}: xDiT's _combined_qkv_all_to_all "
+            "stacks them, so each must be shaped like q (k and v with fewer heads: "
+            "combined_gqa_qkv_all_to_all)"
+        )
+    pg, P = _ulysses_world(group)
+    if P <= 1:
+        return tensors
+    n, b = len(tensors), q.shape[0]
+    # One contiguous (n * b, h, s/P, d) buffer, as xDiT's torch.stack makes; one call.
+    stacked = torch.stack(tensors).view(n * b, *q.shape[1:])
+    out = group_for(pg).all_to_all_single_4d(stacked, 0, None, layout="bhsd")
+    return tuple(out.view(n, b, *out.shape[1:]).unbind(0))
 
 
 def combined_gqa_qkv_all_to_all(q, k, v, *extra, group=None) -> tuple:
     """xDiT's `_combined_gqa_qkv_all_to_all`: the same, k and v with fewer heads than q (each
-    head count divisible by P). Differentiable."""
-    return _exchange((q, k, v, *extra), 0, group, ("q", "k", "v"))
+    head count divisible by P), in ONE all-to-all of the group, as xDiT makes one.
+
+    Where every tensor has q's batch, sequence and head dim (always, from xDiT's USP), each
+    tensor's heads are grouped by destination rank and the groups concatenated along the heads:
+    (b, P * t, s/P, d) with t = (hq + 2 * hkv + hq * len(extra)) / P, rank r's t heads being its
+    q heads, then its k heads, v heads and extra heads. One regular call (even head splits of t)
+    gives every rank (b, t, s, d), split back along the heads. Where the sequence lengths differ
+    (xDiT allows it), the tensors are packed as xDiT packs them (each rank's chunk of every
+    tensor, flattened and concatenated: (P, n)) and carried as one (1, 1, P, n) call, which is
+    exactly an equal-split all_to_all_single. Results are contiguous, as xDiT's. Differentiable.
+
+    Raises:
+        FastUlyssesError (a ValueError, as xDiT's errors), before anything is sent: at every P,
+        a tensor that is not 4-d, k and v of different shapes, a batch or head dim unlike q's,
+        an extra tensor not shaped like q (xDiT's rules, which it checks at P > 1 only); at
+        P > 1, a head count P does not divide.
+    """
+    tensors = (q, k, v, *extra)
+    _check(tensors, ("q", "k", "v"))
+    rules = (
+        (k.shape != v.shape, "k and v must have identical shapes"),
+        (
+            any(t.shape[0] != q.shape[0] or t.shape[3] != q.shape[3] for t in tensors),
+            "every tensor must have q's batch and head dim",
+        ),
+        (any(t.shape != q.shape for t in extra), "extra tensors must be shaped like q"),
+    )
+    for broken, rule in rules:
+        if broken:
+            raise FastUlyssesError(
+                f"q, k, v, *extra have shapes {_shapes(tensors)}: {rule} (xDiT's "
+                "_combined_gqa_qkv_all_to_all rule)"
+            )
+    pg, P = _ulysses_world(group)
+    if P <= 1:
+        return tensors
+    if any(t.shape[1] % P for t in tensors):
+        raise FastUlyssesError(
+            f"q, k, v, *extra have shapes {_shapes(tensors)}: every head count must be "
+            f"divisible by the Ulysses world size {P} (xDiT's _combined_gqa_qkv_all_to_all rule)"
+        )
+    local = [t.shape[1] // P for t in tensors]
+    b, _, s, d = q.shape
+    fu_group = group_for(pg)
+    if all(t.shape[2] == s for t in tensors):
+        # Destination-major along the heads: one contiguous buffer, one call.
+        packed = torch.cat([t.unflatten(1, (P, h)) for t, h in zip(tensors, local)], dim=2)
+        out = fu_group.all_to_all_single_4d(
+            packed.view(b, P * sum(local), s, d), 0, None, layout="bhsd"
+        )
+        return tuple(t.contiguous() for t in out.split(local, dim=1))
+    # xDiT's own packing: each tensor (h, b, s, d) as (P, rows), concatenated per destination.
+    chunks = [t.permute(1, 0, 2, 3).contiguous().reshape(P, -1) for t in tensors]
+    packed = torch.cat(chunks, dim=1)
+    out = fu_group.all_to_all_single_4d(packed.view(1, 1, P, -1), 0, None).view(P, -1)
+    return tuple(
+        chunk.view(P, h, b, t.shape[2], d).permute(2, 1, 0, 3, 4).reshape(b, h, -1, d)
+        for chunk, h, t in zip(out.split([c.shape[1] for c in chunks], dim=1), local, tensors)
+    )
 
 
 _OURS = {
