@@ -2,6 +2,7 @@
 // schemas.cpp. The groups live in a registry keyed by the c10d group name, which is how the ops
 // (and torch.compile graphs) refer to them.
 #include <ATen/ATen.h>
+#include <c10/util/MaybeOwned.h>
 #include <torch/library.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -35,11 +36,13 @@ std::shared_ptr<UlyssesGroup> find_group(const std::string& group_name) {
   return found->second;
 }
 
-// Every argument the plan depends on, flattened: the plan cache's key.
+// Every argument the plan depends on, flattened: the plan cache's key. `strides` are x's when
+// the plan reads x through them (a regular strided view), else empty: a contiguous x's key has
+// none, and every field before them is length-prefixed, so the two kinds of key never collide.
 std::vector<int64_t> plan_key(int64_t mode, at::IntArrayRef shape, int64_t element_size,
                               const std::optional<at::IntArrayRef>& seq_splits,
                               const std::optional<at::IntArrayRef>& head_splits,
-                              const std::string& layout) {
+                              const std::string& layout, at::IntArrayRef strides) {
   std::vector<int64_t> key = {mode, element_size, static_cast<int64_t>(shape.size())};
   key.insert(key.end(), shape.begin(), shape.end());
   for (const auto& splits : {seq_splits, head_splits}) {
@@ -48,15 +51,20 @@ std::vector<int64_t> plan_key(int64_t mode, at::IntArrayRef shape, int64_t eleme
   }
   key.push_back(static_cast<int64_t>(layout.size()));
   key.insert(key.end(), layout.begin(), layout.end());
+  key.insert(key.end(), strides.begin(), strides.end());
   return key;
 }
 
 // Every call's prologue, in this order: the group, the rank, the device rule (first: a tensor
 // elsewhere is refused for that, whatever its shape), the caller's own checks of x (`check`,
-// returning the element size), then the plan from the group's cache.
+// returning the element size), then the plan from the group's cache, and the tensor the copies
+// read (`source`): x itself, contiguous or a regular strided view (read through its strides:
+// plan.h's rule), or, for any other strides, x.contiguous(), one copy on the caller's stream
+// made only once the plan is known good; the transport holds it like any input.
 struct Prepared {
   std::shared_ptr<UlyssesGroup> group;
   const Plan* plan;
+  c10::MaybeOwned<at::Tensor> source;
 };
 
 template <typename Check>  // int64_t(): a lambda, not a std::function (the per-call host path)
@@ -69,13 +77,17 @@ Prepared prepare(const at::Tensor& x, int64_t mode, const std::string& group_nam
   check_rank(group_name, rank, group->rank());
   group->check_device(x);
   const int64_t element_size = check();
-  const Plan& plan =
-      group->plan(plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout), [&] {
+  const InputForm form = input_form(x, layout);
+  const at::IntArrayRef strides = form == InputForm::kStrided ? x.strides() : at::IntArrayRef();
+  const Plan& plan = group->plan(
+      plan_key(mode, x.sizes(), element_size, seq_splits, head_splits, layout, strides), [&] {
         return plan_for(group->world_size(), group->rank(), mode, x.sizes(), element_size,
-                        seq_splits, head_splits, layout);
+                        seq_splits, head_splits, layout, strides);
       });
+  auto source = form == InputForm::kCopy ? c10::MaybeOwned<at::Tensor>::owned(x.contiguous())
+                                         : c10::MaybeOwned<at::Tensor>::borrowed(x);
   group->profile().mark(transport::Stage::kPlan);
-  return {std::move(group), &plan};
+  return {std::move(group), &plan, std::move(source)};
 }
 
 at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
@@ -83,9 +95,9 @@ at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
                const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
                Result result, bool barrier, std::optional<int64_t> rank,
                const at::Tensor& out = at::Tensor()) {
-  auto [group, plan] = prepare(x, mode, group_name, seq_splits, head_splits, layout, rank,
-                               [&] { return checked_element_size(x); });
-  return group->all_to_all(x, *plan, tag, result, barrier, nullptr, out);
+  auto [group, plan, source] = prepare(x, mode, group_name, seq_splits, head_splits, layout, rank,
+                                       [&] { return checked_element_size(x); });
+  return group->all_to_all(*source, *plan, tag, result, barrier, nullptr, out);
 }
 
 // The kernels (their arguments: call_args.h).
@@ -104,14 +116,18 @@ at::Tensor all_to_all_borrowed_cuda(const at::Tensor& x FU_BORROWED_ARGS(FU_PARA
 }
 
 // The fused QK RMSNorm + RoPE scatter: the mode-0 call's plan and windows, one kernel in place
-// of the copies.
-at::Tensor qk_norm_rope_cuda(const at::Tensor& x FU_FUSED_ARGS(FU_PARAM)) {
+// of the copies. The kernel reads x dense, so a strided x (a packed projection's q or k) is copied
+// once with .contiguous() first: callers never see a refusal for it (x_arg contiguous: no copy).
+at::Tensor qk_norm_rope_cuda(const at::Tensor& x_arg FU_FUSED_ARGS(FU_PARAM)) {
+  const c10::MaybeOwned<at::Tensor> dense = x_arg.expect_contiguous();
+  const at::Tensor& x = *dense;
   transport::FusedNormRope fused;
-  auto [group, plan] = prepare(x, 0, group_name, seq_splits, head_splits, layout, rank, [&] {
-    fused = {check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout),
-             {norm_weight, cos, sin}};
-    return static_cast<int64_t>(x.element_size());
-  });
+  auto [group, plan, source] =
+      prepare(x, 0, group_name, seq_splits, head_splits, layout, rank, [&] {
+        fused = {check_norm_rope(x, norm_weight, eps, cos, sin, norm, rope_style, layout),
+                 {norm_weight, cos, sin}};
+        return static_cast<int64_t>(x.element_size());
+      });
   const auto& seq = plan->request.seq_splits;
   const auto& heads = plan->request.head_splits;
   fused.args.x = x.const_data_ptr();
@@ -124,7 +140,7 @@ at::Tensor qk_norm_rope_cuda(const at::Tensor& x FU_FUSED_ARGS(FU_PARAM)) {
     if (j < group->rank()) fused.args.seq_offset += seq[j];
     fused.args.seq_total += seq[j];
   }
-  return group->all_to_all(x, *plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
+  return group->all_to_all(*source, *plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
                            borrowed ? barrier : true, &fused);
 }
 

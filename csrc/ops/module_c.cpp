@@ -180,8 +180,8 @@ PyObject* shapes(PyObject*, PyObject* const* args, Py_ssize_t count) {
   END_HANDLE_TH_ERRORS
 }
 
-// check_input(x) -> int: the input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte
-// non-bool, non-complex dtype) for every group: the element size, or ValueError. Any device.
+// check_input(x) -> int: the input tensor's rules (4-d, a 1-, 2- or 4-byte non-bool,
+// non-complex dtype; any strides) for every group: the element size, or ValueError. Any device.
 PyObject* check_input(PyObject*, PyObject* x) {
   HANDLE_TH_ERRORS
   Arguments a("check_input", &x, 1, 1);

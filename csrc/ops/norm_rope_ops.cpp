@@ -71,7 +71,7 @@ kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& nor
                                       double eps, const at::Tensor& cos, const at::Tensor& sin,
                                       const std::string& norm, const std::string& rope_style,
                                       const std::string& layout) {
-  checked_element_size(x);  // 4-d, contiguous, a supported element size
+  checked_element_size(x);  // 4-d, a supported element size (any strides: see the header)
   TORCH_CHECK_VALUE(layout == "bshd" || layout == "sbhd", "layout='", layout,
                     "': the fused norm + RoPE scatter takes 'bshd' or 'sbhd'");
   kernels::NormRopeArgs args;

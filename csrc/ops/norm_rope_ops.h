@@ -14,10 +14,11 @@
 
 namespace fast_ulysses::ops {
 
-// Checks x (4-d contiguous, bf16/fp16/fp32, layout bshd or sbhd, even d), norm_weight (float32,
+// Checks x (4-d, any strides, bf16/fp16/fp32, layout bshd or sbhd, even d), norm_weight (float32,
 // N*d values for norm="all_heads" or d for "per_head"), cos and sin (float32 contiguous
 // (s_local, d/2)), all on x's device, and the names; returns the kernel's arguments without
-// the splits and destinations. Raises c10::ValueError naming the argument and the rule.
+// the splits and destinations. Raises c10::ValueError naming the argument and the rule. (The fast
+// op's kernel reads x dense: it passes x.contiguous(), a copy only for a strided x.)
 kernels::NormRopeArgs check_norm_rope(const at::Tensor& x, const at::Tensor& norm_weight,
                                       double eps, const at::Tensor& cos, const at::Tensor& sin,
                                       const std::string& norm, const std::string& rope_style,

@@ -57,8 +57,6 @@ at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& gro
 int64_t checked_element_size(const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.dim() == 4, "x has shape ", x.sizes(),
                     ": it must be 4-d (bshd, sbhd or bhsd)");
-  TORCH_CHECK_VALUE(x.is_contiguous(), "x with shape ", x.sizes(), " and strides ", x.strides(),
-                    " is not contiguous: call .contiguous() first");
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(!at::isComplexType(dtype) && dtype != at::kBool, "x has dtype ", dtype,
                     ": complex and bool tensors are not supported");
@@ -130,14 +128,27 @@ int64_t window_for_call_op(std::string tag, int64_t bytes, int64_t held_bytes, b
 
 Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
               int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
-              const std::optional<at::IntArrayRef>& head_splits, const std::string& layout) {
+              const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
+              at::IntArrayRef strides) {
   return translate_plan_errors([&] {
     check_world_size_and_rank(world_size, rank);  // before narrowing to int
     const PlanRequest request =
         request_from_shape(static_cast<int>(world_size), static_cast<int>(rank), parse_mode(mode),
                            parse_layout(layout), shape.vec(), element_size, to_vector(seq_splits),
                            to_vector(head_splits));
-    return make_plan(request);
+    if (strides.empty()) return make_plan(request);
+    return make_plan(request, Strides{strides[0], strides[1], strides[2], strides[3]});
+  });
+}
+
+InputForm input_form(const at::Tensor& x, const std::string& layout) {
+  if (x.is_contiguous()) return InputForm::kContiguous;  // (the per-call path: one flag)
+  return translate_plan_errors([&] {
+    const at::IntArrayRef n = x.sizes(), st = x.strides();
+    const bool regular =
+        regular_input_strides(parse_layout(layout), Shape4{n[0], n[1], n[2], n[3]},
+                              Strides{st[0], st[1], st[2], st[3]}, x.element_size());
+    return regular ? InputForm::kStrided : InputForm::kCopy;
   });
 }
 

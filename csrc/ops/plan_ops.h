@@ -14,10 +14,20 @@
 namespace fast_ulysses::ops {
 
 // Builds the plan for this rank's input, turning PlanError into a c10::ValueError
-// (Python ValueError) that carries the plan's message unchanged.
+// (Python ValueError) that carries the plan's message unchanged. `strides` (x's, regular: see
+// input_form) make the copies read x through them; empty, x is read as a dense tensor.
 Plan plan_for(int64_t world_size, int64_t rank, int64_t mode, at::IntArrayRef shape,
               int64_t element_size, const std::optional<at::IntArrayRef>& seq_splits,
-              const std::optional<at::IntArrayRef>& head_splits, const std::string& layout);
+              const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
+              at::IntArrayRef strides = {});
+
+// How a call's copies read x, by plan.h's source rule (regular_input_strides, the one place it
+// lives): kContiguous, x as a dense tensor; kStrided, a regular strided view (a packed
+// projection's q, k or v) read through x's strides as it stands; kCopy, any other strides: the
+// op copies x once with .contiguous() and moves the copy. x must be 4-d (checked_element_size);
+// a bad layout raises the plan's ValueError.
+enum class InputForm { kContiguous, kStrided, kCopy };
+InputForm input_form(const at::Tensor& x, const std::string& layout);
 
 // Descriptor rows are int64 [P, 10] CPU tensors; descriptor_fields() names the columns in order
 // (`_C.DESCRIPTOR_FIELDS`: Python builds its CopyDescriptor by these names).
@@ -52,9 +62,10 @@ int64_t collective_rank(const std::string& group_name, std::optional<int64_t> ra
 // Raises unless `rank` is unset or equals `actual`, this process's rank in `group_name`.
 void check_rank(const std::string& group_name, std::optional<int64_t> rank, int64_t actual);
 
-// Checks the input tensor's rules (4-d, contiguous, a 1-, 2- or 4-byte dtype) and returns its
-// element size; the device rule is the transport's. Both groups (and reserve) ask it: the
-// fast one in its kernels, the fallback through `_C.check_input`.
+// Checks the input tensor's rules (4-d, a 1-, 2- or 4-byte dtype) and returns its element size;
+// the device rule is the transport's. Any strides: a strided x moves as it stands or is copied
+// once (input_form). Both groups (and reserve) ask it: the fast one in its kernels, the
+// fallback through `_C.check_input`.
 int64_t checked_element_size(const at::Tensor& x);
 
 // The borrowed entry points' autograd rule: an input that requires grad, with grad mode on, is

@@ -70,6 +70,74 @@ Dims dims_of(Layout layout) {
   return {0, 1, 2};
 }
 
+std::string join(const std::array<int64_t, 4>& values) {
+  return join(std::vector<int64_t>(values.begin(), values.end()));
+}
+
+bool empty(const Shape4& shape) {
+  return std::any_of(shape.begin(), shape.end(), [](int64_t n) { return n == 0; });
+}
+
+// The strides the copies use: `strides` with every extent-1 dimension's (and an empty tensor's
+// every) stride replaced by its contiguous stride, which no copy depends on; so the strides of a
+// tensor torch calls contiguous give exactly the contiguous plan, and its plan key.
+Strides normalised(const Shape4& shape, const Strides& strides) {
+  const Strides dense = contiguous_strides(shape);
+  Strides out = strides;
+  for (size_t k = 0; k < 4; ++k)
+    if (shape[k] == 1 || empty(shape)) out[k] = dense[k];
+  return out;
+}
+
+// The extents and element strides of batch, sequence and heads, and head_dim.
+struct Geometry {
+  int64_t b, s, h, d;  // extents
+  int64_t sb, ss, sh;  // element strides
+};
+
+Geometry geometry_of(Layout layout, const Shape4& shape, const Strides& st) {
+  const Dims dims = dims_of(layout);
+  return {shape[dims.batch], shape[dims.seq], shape[dims.heads], shape[3],
+          st[dims.batch],    st[dims.seq],    st[dims.heads]};
+}
+
+// bhsd's rule: a copy's row is a run of one head's sequence rows.
+std::string bhsd_rule(const Geometry& g) {
+  std::ostringstream why;
+  if (g.s > 1 && g.ss != g.d)
+    why << "seq stride=" << g.ss << ": a head's sequence rows must abut (stride head_dim=" << g.d
+        << ")";
+  else if (g.h > 1 && g.sh < g.s * g.d)
+    why << "heads stride=" << g.sh << ": a head's " << g.s << " rows must not overlap the next"
+        << " head's (stride >= seq * head_dim=" << g.s * g.d << ")";
+  else if (g.b > 1 && g.sb < (g.h > 1 ? g.h * g.sh : g.s * g.d))
+    why << "batch stride=" << g.sb
+        << ": batch elements must not overlap (stride >= " << (g.h > 1 ? g.h * g.sh : g.s * g.d)
+        << ")";
+  return why.str();
+}
+
+// bshd's and sbhd's rule: a copy's row is a run of one token's heads (in sbhd with b > 1, of one
+// (token, batch) pair: the batch folds into the rows).
+std::string token_rule(bool sbhd, const Geometry& g) {
+  const bool folded = sbhd && g.b > 1;
+  const int64_t pitch = folded ? g.sb : g.ss;  // from one row to the next
+  std::ostringstream why;
+  if (g.h > 1 && g.sh != g.d)
+    why << "heads stride=" << g.sh << ": a token's heads must abut (stride head_dim=" << g.d << ")";
+  else if (folded && g.s > 1 && g.ss != g.b * g.sb)
+    why << "seq stride=" << g.ss << " with batch stride=" << g.sb << ": sbhd rows are (token, "
+        << "batch) pairs, so the seq stride must be batch=" << g.b << " times the batch stride";
+  else if ((folded || g.s > 1) && pitch < g.h * g.d)
+    why << (folded ? "batch" : "seq") << " stride=" << pitch << ": rows of " << g.h
+        << " heads x head_dim " << g.d << " must not overlap (stride >= " << g.h * g.d << ")";
+  else if (!sbhd && g.b > 1 && g.sb < (g.s > 1 ? g.s * g.ss : g.h * g.d))
+    why << "batch stride=" << g.sb
+        << ": batch elements must not overlap (stride >= " << (g.s > 1 ? g.s * g.ss : g.h * g.d)
+        << ")";
+  return why.str();
+}
+
 }  // namespace
 
 Layout parse_layout(const std::string& name) {
@@ -161,6 +229,50 @@ void validate(const PlanRequest& request) {
     fail("tensor of ", total, " bytes: larger than the 2^50-byte limit");
 }
 
+Strides contiguous_strides(const Shape4& shape) {
+  Strides strides{};
+  int64_t step = 1;
+  for (int k = 3; k >= 0; --k) {
+    strides[k] = step;
+    step *= shape[k];
+  }
+  return strides;
+}
+
+std::string irregular_strides_reason(Layout layout, const Shape4& shape, const Strides& strides,
+                                     int64_t element_size) {
+  const std::string what = std::string("strides ") + join(strides) + " of shape " + join(shape) +
+                           " (" + layout_name(layout) + ")";
+  // Shape and strides in long double first: nothing below overflows once these hold.
+  long double dense = element_size, span = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    if (shape[k] < 0) return what + ": extents must be >= 0";
+    dense *= std::max<int64_t>(shape[k], 1);
+  }
+  if (element_size < 1 || dense > static_cast<long double>(kMaxBytes))
+    return what + ": the shape is past the 2^50-byte limit";
+  if (empty(shape)) return "";  // no element to read: any strides will do
+  const Strides st = normalised(shape, strides);
+  for (size_t k = 0; k < 4; ++k) {
+    if (st[k] < 0) return what + ": strides must be >= 0";
+    span += static_cast<long double>(shape[k] - 1) * st[k];
+  }
+  if ((span + 1) * element_size > static_cast<long double>(kMaxBytes))
+    return what + ": its elements span more than 2^50 bytes";
+  const Geometry g = geometry_of(layout, shape, st);
+  std::string why;
+  if (g.d > 1 && st[3] != 1)
+    why = "stride[3]=" + std::to_string(st[3]) + ": a head's elements must be adjacent (stride 1)";
+  else
+    why = layout == Layout::kBHSD ? bhsd_rule(g) : token_rule(layout == Layout::kSBHD, g);
+  return why.empty() ? why : what + ": " + why;
+}
+
+bool regular_input_strides(Layout layout, const Shape4& shape, const Strides& strides,
+                           int64_t element_size) {
+  return irregular_strides_reason(layout, shape, strides, element_size).empty();
+}
+
 namespace {
 
 // The peers' chunks in my window, before and after my own along the gathered dimension (rows in
@@ -209,9 +321,78 @@ void add_collect(Plan& plan) {
   }
 }
 
+// Rank r's copy to peer j but its source side: extents, and where its bytes land in j's window.
+CopyDescriptor destination_of(const PlanRequest& request, int j) {
+  const int r = request.rank;
+  const auto& seq = request.seq_splits;
+  const auto& heads = request.head_splits;
+  const int64_t S = sum(seq), N = sum(heads);
+  const int64_t row = request.head_dim * request.element_size;  // bytes of one head of one token
+  // sbhd folds the batch into the sequence rows: a (token, batch) pair is one row, one slice.
+  // bshd keeps rows per batch element and walks the batch as slices. One code path for both.
+  const int64_t fold = request.layout == Layout::kSBHD ? request.batch : 1;
+  CopyDescriptor c;
+  c.peer = j;
+  c.depth = request.layout == Layout::kSBHD ? 1 : request.batch;
+  const bool to_heads = request.mode == Mode::kSeqToHead;
+  if (request.layout == Layout::kBHSD) {
+    // bhsd keeps a head's rows together: per batch element (a slice) and per head (a row of the
+    // copy), one run of sequence rows; the relayout is the same strides turned around.
+    // Mode 0: my rows of every head of j, into my rows of j's heads (S rows per head there).
+    // Mode 1: j's rows of each of my heads, into my heads of j (seq[j] rows per head there).
+    const int64_t rows = to_heads ? S : seq[j];  // sequence rows per head in j's window
+    c.width = (to_heads ? seq[r] : seq[j]) * row;
+    c.height = to_heads ? heads[j] : heads[r];
+    c.dst_offset = to_heads ? prefix(seq, r) * row : prefix(heads, r) * seq[j] * row;
+    c.dst_pitch = rows * row;
+    c.dst_slice_pitch = (to_heads ? heads[j] : N) * rows * row;
+  } else if (to_heads) {
+    // Heads of j from every one of my rows, into j's rows of mine.
+    c.width = heads[j] * row;
+    c.height = seq[r] * fold;
+    c.dst_offset = prefix(seq, r) * fold * heads[j] * row;
+    c.dst_pitch = heads[j] * row;
+    c.dst_slice_pitch = S * fold * heads[j] * row;
+  } else {
+    // j's rows of all my heads, into my heads of j's rows.
+    c.width = heads[r] * row;
+    c.height = seq[j] * fold;
+    c.dst_offset = prefix(heads, r) * row;
+    c.dst_pitch = N * row;
+    c.dst_slice_pitch = seq[j] * fold * N * row;
+  }
+  return c;
+}
+
+// The source side of the copy to peer j, from the input's element strides (plan.input_strides,
+// regular): the chunk starts at j's first head (mode 0) or j's first sequence row (mode 1); a
+// row of the copy is one token (bshd), one (token, batch) pair (sbhd) or one head (bhsd); a slice
+// is one batch element (bshd, bhsd; sbhd has one slice, the whole input). Contiguous strides
+// give exactly the pitches of a dense input.
+void set_source(CopyDescriptor& c, const Plan& plan, int j) {
+  const PlanRequest& request = plan.request;
+  const int64_t es = request.element_size;
+  const Geometry g = geometry_of(request.layout, plan.input_shape, plan.input_strides);
+  const bool sbhd = request.layout == Layout::kSBHD;
+  c.src_offset = request.mode == Mode::kSeqToHead ? prefix(request.head_splits, j) * g.sh * es
+                                                  : prefix(request.seq_splits, j) * g.ss * es;
+  if (request.layout == Layout::kBHSD)
+    c.src_pitch = g.sh * es;
+  else
+    c.src_pitch = (sbhd && g.b > 1 ? g.sb : g.ss) * es;
+  c.src_slice_pitch = sbhd ? g.s * std::max<int64_t>(g.b, 1) * c.src_pitch : g.sb * es;
+}
+
+int64_t span_bytes(const Shape4& shape, const Strides& strides, int64_t element_size) {
+  if (empty(shape)) return 0;
+  int64_t last = 0;
+  for (size_t k = 0; k < 4; ++k) last += (shape[k] - 1) * strides[k];
+  return (last + 1) * element_size;
+}
+
 }  // namespace
 
-Plan make_plan(const PlanRequest& request) {
+Plan make_plan(const PlanRequest& request, const std::optional<Strides>& input_strides) {
   validate(request);
   const int P = request.world_size;
   const int r = request.rank;
@@ -219,81 +400,36 @@ Plan make_plan(const PlanRequest& request) {
   const auto& heads = request.head_splits;
   const int64_t S = sum(seq);
   const int64_t N = sum(heads);
-  const int64_t row = request.head_dim * request.element_size;  // bytes of one head of one token
-  // sbhd folds the batch into the sequence rows: a (token, batch) pair is one row, one slice.
-  // bshd keeps rows per batch element and walks the batch as slices. One code path for both.
-  const bool sbhd = request.layout == Layout::kSBHD;
-  const int64_t fold = sbhd ? request.batch : 1;
-  const int64_t depth = sbhd ? 1 : request.batch;
-  // bhsd keeps a head's rows together: a chunk is, per batch element (a slice) and per head (a
-  // row of the copy), one run of sequence rows; the relayout is the same strides turned around.
-  const bool bhsd = request.layout == Layout::kBHSD;
+  const int64_t row = request.head_dim * request.element_size;
 
   Plan plan;
   plan.request = request;
-  plan.request_hash = fast_ulysses::request_hash(request);
+  plan.request_hash = fast_ulysses::request_hash(request);  // the strides are not in it
   const bool to_heads = request.mode == Mode::kSeqToHead;
   for (int j = 0; j < P; ++j) {
     const int64_t out_j = request.batch * (to_heads ? S * heads[j] : seq[j] * N) * row;
     plan.window_bytes = std::max(plan.window_bytes, out_j);
   }
-  if (to_heads) {
-    plan.input_shape = shape_of(request.layout, request.batch, seq[r], N, request.head_dim);
-    plan.output_shape = shape_of(request.layout, request.batch, S, heads[r], request.head_dim);
-  } else {
-    plan.input_shape = shape_of(request.layout, request.batch, S, heads[r], request.head_dim);
-    plan.output_shape = shape_of(request.layout, request.batch, seq[r], N, request.head_dim);
+  const int64_t local_seq = to_heads ? seq[r] : S, local_heads = to_heads ? N : heads[r];
+  const int64_t out_seq = to_heads ? S : seq[r], out_heads = to_heads ? heads[r] : N;
+  plan.input_shape =
+      shape_of(request.layout, request.batch, local_seq, local_heads, request.head_dim);
+  plan.output_shape = shape_of(request.layout, request.batch, out_seq, out_heads, request.head_dim);
+  plan.input_bytes = request.batch * local_seq * local_heads * row;
+  plan.output_bytes = request.batch * out_seq * out_heads * row;
+  const Strides dense = contiguous_strides(plan.input_shape);
+  if (input_strides) {
+    const std::string why = irregular_strides_reason(request.layout, plan.input_shape,
+                                                     *input_strides, request.element_size);
+    if (!why.empty()) fail("input ", why);
   }
-  plan.input_bytes = request.batch * (to_heads ? seq[r] * N : S * heads[r]) * row;
-  plan.output_bytes = request.batch * (to_heads ? S * heads[r] : seq[r] * N) * row;
+  plan.input_strides = normalised(plan.input_shape, input_strides.value_or(dense));
+  plan.input_span_bytes = span_bytes(plan.input_shape, plan.input_strides, request.element_size);
 
   plan.copies.reserve(P);
   for (int j = 0; j < P; ++j) {
-    CopyDescriptor c;
-    c.peer = j;
-    c.depth = depth;
-    if (bhsd && to_heads) {
-      // My rows of every head of j, into my rows of j's heads (S rows per head there).
-      c.width = seq[r] * row;
-      c.height = heads[j];
-      c.src_offset = prefix(heads, j) * seq[r] * row;
-      c.src_pitch = seq[r] * row;
-      c.src_slice_pitch = N * seq[r] * row;
-      c.dst_offset = prefix(seq, r) * row;
-      c.dst_pitch = S * row;
-      c.dst_slice_pitch = heads[j] * S * row;
-    } else if (bhsd) {
-      // j's rows of each of my heads, into my heads of j (seq[j] rows per head there).
-      c.width = seq[j] * row;
-      c.height = heads[r];
-      c.src_offset = prefix(seq, j) * row;
-      c.src_pitch = S * row;
-      c.src_slice_pitch = heads[r] * S * row;
-      c.dst_offset = prefix(heads, r) * seq[j] * row;
-      c.dst_pitch = seq[j] * row;
-      c.dst_slice_pitch = N * seq[j] * row;
-    } else if (to_heads) {
-      // Heads of j from every one of my rows, into j's rows of mine.
-      c.width = heads[j] * row;
-      c.height = seq[r] * fold;
-      c.src_offset = prefix(heads, j) * row;
-      c.src_pitch = N * row;
-      c.src_slice_pitch = seq[r] * fold * N * row;
-      c.dst_offset = prefix(seq, r) * fold * heads[j] * row;
-      c.dst_pitch = heads[j] * row;
-      c.dst_slice_pitch = S * fold * heads[j] * row;
-    } else {
-      // j's rows of all my heads, into my heads of j's rows.
-      c.width = heads[r] * row;
-      c.height = seq[j] * fold;
-      c.src_offset = prefix(seq, j) * fold * heads[r] * row;
-      c.src_pitch = heads[r] * row;
-      c.src_slice_pitch = S * fold * heads[r] * row;
-      c.dst_offset = prefix(heads, r) * row;
-      c.dst_pitch = N * row;
-      c.dst_slice_pitch = seq[j] * fold * N * row;
-    }
-    plan.copies.push_back(c);
+    plan.copies.push_back(destination_of(request, j));
+    set_source(plan.copies.back(), plan, j);
   }
   add_collect(plan);
   return plan;

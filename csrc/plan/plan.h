@@ -9,6 +9,14 @@
 //
 // Every limit of the product is checked here, once; violations throw PlanError whose message
 // names the argument, the value and the rule.
+//
+// What ranks agree on, and what they do not. A PlanRequest holds only what every rank of a call
+// must agree on (world size, mode, layout, batch, head dim, element size, the splits) plus this
+// rank's index; call_signature.h's request_hash hashes exactly its rank-independent fields. The
+// input's strides are this rank's own business (one rank may pass a packed view, another a
+// contiguous tensor, for the same call), so they are not part of the request nor of its hash:
+// make_plan takes them as a separate argument, and they change only the source side of this
+// rank's copies (offsets and pitches into its input), never where bytes land.
 #pragma once
 
 #include <array>
@@ -74,6 +82,11 @@ struct CopyDescriptor {
 // Executing the result moves exactly the same bytes to the same places.
 CopyDescriptor coalesced(CopyDescriptor copy);
 
+// A 4-d tensor's extents and element strides, in its layout's order (torch's sizes() and
+// strides() of the input: b, s, h, d for bshd).
+using Shape4 = std::array<int64_t, 4>;
+using Strides = std::array<int64_t, 4>;
+
 struct PlanRequest {
   int world_size = 1;
   int rank = 0;
@@ -88,9 +101,14 @@ struct PlanRequest {
 
 struct Plan {
   PlanRequest request;
-  std::array<int64_t, 4> input_shape{};  // in the request's layout
-  std::array<int64_t, 4> output_shape{};
-  int64_t input_bytes = 0;
+  Shape4 input_shape{};  // in the request's layout
+  Shape4 output_shape{};
+  // The element strides the copies read the input with: contiguous unless make_plan was given
+  // others; a dimension of extent 1 (or every one, for an empty input) carries its contiguous
+  // stride, which no copy depends on.
+  Strides input_strides{};
+  int64_t input_bytes = 0;       // the input's elements, in bytes
+  int64_t input_span_bytes = 0;  // from its first element to one past its last: what copies read
   int64_t output_bytes = 0;
   int64_t window_bytes = 0;            // max over ranks of output bytes: what every rank reserves
   uint64_t request_hash = 0;           // call_signature.h's hash of the request (rank-independent)
@@ -110,7 +128,38 @@ void check_world_size_and_rank(int64_t world_size, int64_t rank);
 // Throws PlanError on any violated limit. Zero entries in seq_splits or head_splits are allowed
 // (a rank may hold no rows or no heads; its copies are empty), but S and N must be positive.
 void validate(const PlanRequest& request);
-Plan make_plan(const PlanRequest& request);
+
+// The strides of a dense row-major tensor of `shape`: products of the inner extents (torch counts
+// an extent of 0 as 1 there; no copy of an empty input depends on it).
+Strides contiguous_strides(const Shape4& shape);
+
+// The source rule. A copy reads rows of its input: a run of whole heads of one token (bshd, sbhd)
+// or a run of whole sequence rows of one head (bhsd), every row one stride after the last, every
+// slice (a batch element; none in sbhd, which folds the batch into the rows) likewise. So an input
+// of `shape` is read as it stands exactly when its element strides are "regular": none negative,
+// its span at most 2^50 bytes, and, ignoring the stride of any dimension of extent 1,
+//   - head_dim: stride 1;
+//   - bshd, sbhd: the heads abut (stride head_dim); the tokens' rows do not overlap (row stride
+//     >= heads * head_dim; in sbhd with b > 1 the rows are (token, batch) pairs, so the sequence
+//     stride is b times the batch stride there); bshd batch stride >= seq * sequence stride;
+//   - bhsd: a head's sequence rows abut (stride head_dim); head stride >= seq * head_dim;
+//     batch stride >= heads * head stride.
+// Packed projections are regular: q of qkv.view(b, s, 3, N, d)[:, :, 0] or qkv.narrow(2, 0, N)
+// (bshd, sbhd), and of a (b, 3N, s, d) qkv narrowed along the heads (bhsd). Anything else
+// (a transpose, an expand's stride 0 over several rows, whose overlapping rows the copy engines'
+// pitched copies refuse) is "irregular": the ops copy it once with .contiguous() first.
+// Returns why the strides are irregular, "" when they are regular. Any shape and strides may be
+// passed (a shape past the limits is irregular); nothing overflows.
+std::string irregular_strides_reason(Layout layout, const Shape4& shape, const Strides& strides,
+                                     int64_t element_size);
+bool regular_input_strides(Layout layout, const Shape4& shape, const Strides& strides,
+                           int64_t element_size);
+
+// The plan of `request`. `input_strides` (elements, layout order) are this rank's input's: the
+// copies read it through them; none means contiguous. Throws PlanError for a request breaking a
+// limit and for irregular strides (irregular_strides_reason's words). With contiguous strides
+// the copies are exactly those of a contiguous input.
+Plan make_plan(const PlanRequest& request, const std::optional<Strides>& input_strides = {});
 
 // Builds a request from this rank's input shape (in `layout`) and optional splits. Missing splits
 // are even: mode 0 takes seq_splits = [s_local] * P and head_splits = N / P (N must divide);

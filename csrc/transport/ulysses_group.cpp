@@ -50,10 +50,16 @@ bool capturing(cudaStream_t stream) {
 
 constexpr size_t kMaxCachedPlans = 1024;
 
-// [first, last) bytes of a contiguous tensor.
+// [first, last) bytes a tensor's elements span, from its first element to one past its last: a
+// strided view (a packed projection's q) spans its gaps too, which only makes the overlap tests
+// below (an input in the tag's window, out= overlapping x) stricter, never blind to an element.
+// (torch strides are >= 0, so the first element is at data_ptr.)
 std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
   const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {first, first + static_cast<uintptr_t>(t.nbytes())};
+  if (t.numel() == 0) return {first, first};
+  int64_t last = 0;
+  for (int64_t k = 0; k < t.dim(); ++k) last += (t.size(k) - 1) * t.stride(k);
+  return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size())};
 }
 
 bool overlap(std::pair<uintptr_t, uintptr_t> a, std::pair<uintptr_t, uintptr_t> b) {

@@ -141,8 +141,9 @@ class TorchUlyssesGroup:
         """One Ulysses all-to-all; collective: every rank makes the same call.
 
         Arguments:
-            x: this rank's input, 4-d contiguous, in `layout` order: mode 0
-                (b, seq_splits[r], N, d), mode 1 (b, S, head_splits[r], d) (bshd).
+            x: this rank's input, 4-d, in `layout` order: mode 0 (b, seq_splits[r], N, d),
+                mode 1 (b, S, head_splits[r], d) (bshd); any strides (a strided view, e.g. a
+                packed projection's q, is read as it is).
             mode: 0 / Mode.SEQ_TO_HEAD (sequence -> heads) or 1 / Mode.HEAD_TO_SEQ.
             tag: the call's window name, a non-empty str (there is no window here); None picks
                 `fast_ulysses.tags.auto_tag(x, mode, layout)`.

@@ -7,14 +7,17 @@
 // input. Kinds: small valid cases, small cases with one field made adversarial, raw requests
 // with every field drawn from edge values (negative, zero, 2^31, 2^50 +- 1, INT64_MIN/MAX, wrong
 // split lengths, mode and layout values outside the enums, world sizes and ranks out of range),
-// cases near the 2^50-byte limit, and request_from_shape() with odd shapes and splits.
+// cases near the 2^50-byte limit, request_from_shape() with odd shapes and splits, and input
+// strides (packed views, strides around the dense ones, edge values).
 //
 // The oracle: a request is accepted exactly when it keeps docs/API.md's limits (computed here in
 // 128 bits), and anything thrown is a PlanError. An accepted call is checked on every rank: small
 // ones executed on host buffers against the reference (plan_matches_reference,
 // owned_matches_reference) and by arithmetic (plans_cover_exactly_once, which the byte-level
-// checks thereby cross-check); large ones by arithmetic alone. The first failure prints the input
-// in full and how to replay it, and exits 1.
+// checks thereby cross-check); large ones by arithmetic alone. Strides are accepted by make_plan
+// exactly when irregular_strides_reason finds nothing; accepted views are executed against the
+// reference (strided_matches_reference), or checked by arithmetic when too large. The first
+// failure prints the input in full and how to replay it, and exits 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +39,7 @@
 #include "checks.h"
 #include "plan/plan.h"
 #include "reference.h"
+#include "strided.h"
 
 namespace fu_test {
 namespace {
@@ -336,17 +340,93 @@ struct Counts {
   return check_accepted(r, seed, counts);
 }
 
+// One rank's input strides: a packed view, strides around the dense ones, or edge values.
+StridedView drawn_view(Draw& d, const Case& c, const fast_ulysses::Shape4& shape) {
+  const int kind = static_cast<int>(d.below(3));
+  if (kind == 0)
+    return packed_view(c.layout, shape, kPackings[d.below(std::size(kPackings))],
+                       static_cast<int>(d.below(3)));
+  const fast_ulysses::Strides dense = fast_ulysses::contiguous_strides(shape);
+  StridedView view{shape};
+  for (size_t k = 0; k < 4; ++k) {
+    const int64_t near[] = {0, 1, dense[k], 2 * dense[k], dense[k] + 1, c.head_dim};
+    view.strides[k] = kind == 2 && d.one_in(2) ? d.edge() : near[d.below(6)];
+  }
+  view.offset = d.below(3);
+  return view;
+}
+
+// Elements from the view's first to its last (0 when too many to hold).
+int64_t parent_elements(const StridedView& view) {
+  Wide last = view.offset;
+  for (size_t k = 0; k < 4; ++k) {
+    if (view.shape[k] == 0) return view.offset;
+    last += Wide(view.shape[k] - 1) * view.strides[k];
+  }
+  return last < kMaterialiseBytes ? static_cast<int64_t>(last) + 1 : 0;
+}
+
+::testing::AssertionResult check_strided(Draw& d, uint64_t seed, Counts& counts,
+                                         std::string& input) {
+  std::mt19937_64 rng(d.rng());
+  const Case c = random_case(rng);
+  input = describe(c) + ", strides";
+  std::vector<std::optional<StridedView>> views(c.world_size());
+  for (int r = 0; r < c.world_size(); ++r) {
+    const auto request = request_for(c, r);
+    StridedView view = drawn_view(d, c, fast_ulysses::make_plan(request).input_shape);
+    input +=
+        " " + join({view.strides.begin(), view.strides.end()}) + "+" + std::to_string(view.offset);
+    const std::string why =
+        fast_ulysses::irregular_strides_reason(c.layout, view.shape, view.strides, c.element_size);
+    std::optional<fast_ulysses::Plan> plan;
+    try {
+      plan = fast_ulysses::make_plan(request, view.strides);
+    } catch (const fast_ulysses::PlanError&) {
+      if (why.empty()) return ::testing::AssertionFailure() << "rank " << r << ": refused";
+      ++counts.rejected;
+      continue;
+    }
+    if (!why.empty()) return ::testing::AssertionFailure() << "rank " << r << ": " << why;
+    if (auto ok = strided_copies_ok(*plan); !ok) return ok << " (rank " << r << ")";
+    view.parent_elements = parent_elements(view);
+    if (view.parent_elements > 0) views[r] = view;  // too large to hold: arithmetic alone
+  }
+  ++counts.accepted;
+  ++counts.materialised;
+  return strided_matches_reference(c, views, seed);
+}
+
+// The rule on any shape, strides and element size: an answer, never a crash or an overflow.
+void rule_on_edges(Draw& d, std::string& input) {
+  fast_ulysses::Shape4 shape;
+  fast_ulysses::Strides strides;
+  for (auto& n : shape) n = d.one_in(2) ? d.below(5) : d.any();
+  for (auto& n : strides) n = d.any();
+  const auto layout = static_cast<Layout>(d.below(3));
+  const int64_t es = d.one_in(2) ? int64_t{1} << d.below(3) : d.any();
+  input = std::string("irregular_strides_reason(") + fast_ulysses::layout_name(layout) + ", " +
+          join({shape.begin(), shape.end()}) + ", " + join({strides.begin(), strides.end()}) +
+          ", " + std::to_string(es) + ")";
+  (void)fast_ulysses::irregular_strides_reason(layout, shape, strides, es);
+}
+
 int run(uint64_t seed, int64_t first, int64_t count) {
   Counts counts;
   const auto start = std::chrono::steady_clock::now();
-  static const char* kinds[] = {"small", "small", "mutated", "raw", "huge", "from_shape"};
+  static const char* kinds[] = {"small", "small",      "mutated", "raw",
+                                "huge",  "from_shape", "strided", "stride_rule"};
   for (int64_t i = first; i < first + count; ++i) {
     Draw d{std::mt19937_64(mix(seed, static_cast<uint64_t>(i)))};
-    const int kind = static_cast<int>(d.below(6));
+    const int kind = static_cast<int>(d.below(8));
     std::string input;
     ::testing::AssertionResult result = ::testing::AssertionSuccess();
     try {
-      if (kind == 5) {
+      if (kind == 7) {
+        rule_on_edges(d, input);
+      } else if (kind == 6) {
+        result = check_strided(d, d.rng(), counts, input);
+      } else if (kind == 5) {
         result = check_from_shape(d, d.rng(), counts, input);
       } else {
         const PlanRequest r = kind <= 1   ? small_valid(d)

@@ -168,3 +168,31 @@ def test_captured_stderr_sees_writes_to_file_descriptor_2(capfd):
         os.write(2, b"from C++\n")
     assert captured["text"] == "from C++\n"
     assert capfd.readouterr().err == "from C++\n"  # echoed afterwards
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_packed_views_are_the_strided_views_models_pass(layout):
+    """The "packed_views" check's inputs (packed_views.packed): views of x's shape and values
+    over a larger buffer; the qkv packings have exactly the strides of a packed projection's q, k
+    or v (qkv.view(b, s, 3, N, d)[:, :, i]; bhsd: a (b, 3N, s, d) narrowed along the heads), and
+    only a transpose of more than one head and row is named as copied (moves_as_it_stands)."""
+    import packed_views
+
+    x = torch.randn(2, 3, 4, 8).to(torch.bfloat16)
+    b, n = x.shape[0 if layout != "sbhd" else 1], x.shape[2 if layout != "bhsd" else 1]
+    if layout == "bhsd":
+        qkv = torch.empty(b, 3 * n, x.shape[2], x.shape[3]).narrow(1, n, n)
+    else:
+        qkv = torch.empty(*x.shape[:2], 3, n, x.shape[3])[:, :, 1]
+    for packing in packed_views.PACKINGS:
+        view = packed_views.packed(x, layout, packing, which=1)
+        assert view.shape == x.shape and torch.equal(view, x), packing
+        if packing == "transposed":  # the same bytes, in another order
+            assert not view.is_contiguous()
+        else:
+            assert view.untyped_storage().nbytes() > x.numel() * x.element_size(), packing
+        if packing.startswith("qkv"):
+            assert view.stride() == qkv.stride(), (packing, view.stride(), qkv.stride())
+        want = packing != "transposed"
+        assert packed_views.moves_as_it_stands(x, layout, packing) is want, packing
+    assert packed_views.moves_as_it_stands(x[:, :1], layout, "transposed")

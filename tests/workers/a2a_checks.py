@@ -391,11 +391,6 @@ class Checker:
                 "layout",
             ),
             ("cpu input", lambda: self.group.all_to_all_single_4d(x.cpu(), 0, "bad"), "device"),
-            (
-                "non-contiguous",
-                lambda: self.group.all_to_all_single_4d(x.transpose(1, 2), 0, "bad"),
-                "contiguous",
-            ),
         ]
         for entry in filter(None, bad):
             name, call, needle = entry

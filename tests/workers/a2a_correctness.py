@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import a2a_checks
+import a2a_packed
 import torch
 import torch.distributed as dist
 from multirank import Report
@@ -328,6 +329,7 @@ CHECKS = (
     "bad_calls",
     "aliasing",
     "out",
+    "packed_views",
     "back_to_back",
     "eager_graphs",
     "async_result",
@@ -373,6 +375,7 @@ def main() -> int:
         "streams": checker.check_streams,
         "aliasing": checker.check_aliasing,
         "out": checker.check_out,
+        "packed_views": lambda: a2a_packed.check_packed_views(checker),
         "unwaited": lambda: check_unwaited(pg, rank, world_size, device),
         "back_to_back": lambda: checker.check_back_to_back(args.iterations),
         "eager_graphs": checker.check_eager_graphs,

@@ -3,7 +3,9 @@ or by torchrun).
 
 All ranks join one gloo world; for P = 1..world_size the last P ranks form a subgroup (so group
 rank != global rank is exercised) and run every case against fast_ulysses.simulate, bit for bit,
-as check "subgroup_P<p>" of the rank's report. Inputs are seeded per (case, rank), so each rank
+as check "subgroup_P<p>" of the rank's report, and, as check "packed_views_P<p>", inputs given as
+strided views (packed_views.py: a packed qkv projection's q, k or v, a sequence window, every
+other batch element, a transpose) against the same call on the contiguous input. Inputs are seeded per (case, rank), so each rank
 rebuilds every rank's input locally. After each P, a line "P <p> ok" is printed; the first
 failure prints its traceback and exits 1.
 """
@@ -14,6 +16,7 @@ import itertools
 import os
 import sys
 
+import packed_views
 import torch
 import torch.distributed as dist
 from multirank import run_on_subgroups
@@ -97,6 +100,47 @@ def check_cases(group: TorchUlyssesGroup, P: int) -> int:
                 f"(shapes {tuple(got.shape)} vs {tuple(expected.shape)})"
             )
         count += 1
+    return count
+
+
+def check_packed_views(group: TorchUlyssesGroup, P: int) -> int:
+    """Every packing of packed_views, modes 0 and 1, every layout, uneven splits: the owned,
+    borrowed and out= calls on the strided view give, bit for bit, the owned call on the
+    contiguous input, and simulate. (Splits differ per rank, and so do the packings: the strides
+    are each rank's own.)"""
+    rank, count = group.rank, 0
+    seq = [(2 * r + 1) % 4 for r in range(P)] if P > 1 else [3]
+    heads = [1 + r % 2 for r in range(P)]
+    for mode, layout in itertools.product((0, 1), LAYOUTS):
+        kw = dict(seq_splits=seq, head_splits=heads, layout=layout)
+        for k in range(len(packed_views.PACKINGS)):
+            # Each rank picks its own packing (and q, k or v): the strides are rank-local.
+            packing = packed_views.PACKINGS[(k + rank) % len(packed_views.PACKINGS)]
+            seed = 7_000_000 + 10_000 * P + 100 * count
+            inputs = [
+                make_input(
+                    input_shape(mode, layout, 2, 8, r, P, seq, heads), torch.bfloat16, seed + r
+                )
+                for r in range(P)
+            ]
+            x = inputs[rank]
+            view = packed_views.packed(x, layout, packing, rank % 3)
+            want = group.all_to_all_single_4d(x, mode, "packed", **kw)
+            if count % 3 == 0:
+                got = group.all_to_all_single_4d(view, mode, "packed", **kw)
+            elif count % 3 == 1:
+                got = group.all_to_all_single_4d_borrowed(view, mode, "packed-b", **kw).clone()
+            else:
+                got = torch.full_like(want, 3.0)
+                group.all_to_all_single_4d(view, mode, "packed", out=got, **kw)
+            expected = fast_ulysses.simulate(inputs, mode, **kw)[rank]
+            if not (same_bits(got, want) and same_bits(want, expected)):
+                raise AssertionError(
+                    f"P={P} rank {rank} mode={mode} {layout} {packing} (strides "
+                    f"{view.stride()}): the packed view's output differs from the contiguous "
+                    "input's"
+                )
+            count += 1
     return count
 
 
@@ -233,7 +277,10 @@ def main() -> int:
             check_errors(group, P)
             check_reserve_and_destroy(group, P)
             entry["detail"] = f"{n} cases"
-        print(f"P {P} ok ({n} cases)", flush=True)
+        with report.check(f"packed_views_P{P}") as entry:
+            packed = check_packed_views(TorchUlyssesGroup(pg), P)
+            entry["detail"] = f"{packed} packed-view calls"
+        print(f"P {P} ok ({n} cases, {packed} packed-view calls)", flush=True)
 
     return run_on_subgroups(False, body, timeout_s=60)
 
