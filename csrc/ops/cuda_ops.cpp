@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "ops/call_args.h"
+#include "ops/group_key.h"
 #include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
 #include "transport/ulysses_group.h"
@@ -144,17 +145,21 @@ at::Tensor qk_norm_rope_cuda(const at::Tensor& x_arg FU_FUSED_ARGS(FU_PARAM)) {
                            borrowed ? barrier : true, &fused);
 }
 
-void create_group(std::string group_name, int64_t device_index, int64_t initial_pool_bytes) {
+// Builds a group on the process group `group_name` and returns its key (group_key.h): the name
+// itself while no other group of this process lives on it, else the name with a numbered suffix.
+std::string create_group(std::string group_name, int64_t device_index, int64_t initial_pool_bytes) {
+  static int64_t built = 0;  // numbers the suffixed keys (never reused in a process)
+  std::string key = group_name;
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
-    TORCH_CHECK_VALUE(registry().count(group_name) == 0, "process group '", group_name,
-                      "' already has a UlyssesGroup: destroy() it first");
+    if (registry().count(key)) key = group_name + kGroupKeySuffix + std::to_string(++built);
   }
   auto group = std::make_shared<UlyssesGroup>(
       group_name, c10::Device(c10::DeviceType::CUDA, static_cast<int>(device_index)),
       initial_pool_bytes);
   std::lock_guard<std::mutex> lock(registry_mutex);
-  registry().emplace(group_name, std::move(group));
+  registry().emplace(key, std::move(group));
+  return key;
 }
 
 void reserve(std::string group_name, std::vector<std::string> tags,
@@ -169,6 +174,22 @@ void barrier(std::string group_name) {
 void destroy_group(std::string group_name) {
   auto group = find_group(group_name);
   group->quiesce();
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry().erase(group_name);
+}
+
+// A group dropped without destroy() (its Python object collected): not collective, so nothing
+// waits for peers. This rank's work on the group is drained first, then the registry lets go (the
+// windows are freed once calls still holding the group are done). A key not registered: nothing.
+void forget_group(std::string group_name) {
+  std::shared_ptr<UlyssesGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto found = registry().find(group_name);
+    if (found == registry().end()) return;
+    group = found->second;
+  }
+  group->drain();
   std::lock_guard<std::mutex> lock(registry_mutex);
   registry().erase(group_name);
 }
@@ -220,6 +241,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("reserve", &reserve);
   m.impl("barrier", &barrier);
   m.impl("destroy_group", &destroy_group);
+  m.impl("forget_group", &forget_group);
   m.impl("group_stats", &group_stats);
   m.impl("host_profile", &host_profile);
 }

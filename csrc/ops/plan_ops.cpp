@@ -8,6 +8,7 @@
 
 #include <array>
 
+#include "ops/group_key.h"
 #include "ops/plan_errors.h"
 #include "plan/host_executor.h"
 #include "plan/tag_rules.h"
@@ -45,7 +46,7 @@ at::Tensor meta_output(const at::Tensor& x, int64_t mode, const std::string& gro
                        const std::optional<at::IntArrayRef>& seq_splits,
                        const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
                        std::optional<int64_t> rank) {
-  auto group = c10d::resolve_process_group(group_name);
+  auto group = c10d::resolve_process_group(process_group_name(group_name));
   const Plan plan = plan_for(group->getSize(), collective_rank(group_name, rank), mode, x.sizes(),
                              checked_element_size(x), seq_splits, head_splits, layout);
   return at::empty(std::vector<int64_t>(plan.output_shape.begin(), plan.output_shape.end()),
@@ -210,7 +211,7 @@ at::Tensor& all_to_all_out_meta(const at::Tensor& x FU_OWNED_ARGS(FU_UNUSED_PARA
 }
 
 int64_t collective_rank(const std::string& group_name, std::optional<int64_t> rank) {
-  const int64_t actual = c10d::resolve_process_group(group_name)->getRank();
+  const int64_t actual = c10d::resolve_process_group(process_group_name(group_name))->getRank();
   check_rank(group_name, rank, actual);
   return actual;
 }

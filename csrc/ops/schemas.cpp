@@ -31,10 +31,11 @@ TORCH_LIBRARY(fast_ulysses, m) {
       "check_norm_rope(Tensor x, Tensor norm_weight, float eps, Tensor cos, Tensor sin, "
       "str norm, str rope_style, str layout) -> ()");
 
-  // The collectives. `group_name` is the c10d name of the process group the UlyssesGroup was
-  // built on (ProcessGroup.group_name). `rank` (this process's rank in it) makes the output
-  // shape, which depends on the rank with uneven splits, a function of the arguments alone, so
-  // a compiled graph cached by one rank is never reused by another with a different shape; when
+  // The collectives. `group_name` is the UlyssesGroup's key (ops/group_key.h): the c10d name of
+  // the process group it was built on (ProcessGroup.group_name), suffixed when another group of
+  // the process lives on the same process group. `rank` (this process's rank in it) makes the
+  // output shape, which depends on the rank with uneven splits, a function of the arguments alone,
+  // so a compiled graph cached by one rank is never reused by another with a different shape; when
   // given it must be the group's rank. The Python API always passes it.
   // Their arguments: call_args.h.
   m.def("all_to_all_single_4d(Tensor x" FU_OWNED_ARGS(FU_SCHEMA) ") -> Tensor");
@@ -45,10 +46,13 @@ TORCH_LIBRARY(fast_ulysses, m) {
   m.def("all_to_all_single_4d_borrowed(Tensor x" FU_BORROWED_ARGS(FU_SCHEMA) ") -> Tensor");
 
   // Group management (implemented in _cuda). Collective: every rank calls them in the same order.
-  m.def("create_group(str group_name, int device_index, int initial_pool_bytes) -> ()");
+  // create_group returns the group's key (ops/group_key.h): the `group_name` of every later op.
+  m.def("create_group(str group_name, int device_index, int initial_pool_bytes) -> str");
   m.def("reserve(str group_name, str[] tags, int[] window_bytes) -> ()");
   m.def("barrier(str group_name) -> ()");
   m.def("destroy_group(str group_name) -> ()");
+  // Not collective: a group dropped without destroy() (ops/cuda_ops.cpp says what it waits for).
+  m.def("forget_group(str group_name) -> ()");
   // The group's counters, by name (csrc/plan/group_stats.h), for stats(), tests and doctor.
   m.def("group_stats(str group_name) -> (str[] names, int[] values)");
   // The group's device rule, alone: FAST_ULYSSES_DEBUG checks it before the ranks agree.

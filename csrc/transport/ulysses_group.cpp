@@ -373,11 +373,15 @@ void UlyssesGroup::follow_last_caller(cudaStream_t caller) {
 }
 
 void UlyssesGroup::quiesce() {
+  drain();
+  c10d::resolve_process_group(group_name_)->barrier()->wait();
+}
+
+void UlyssesGroup::drain() {
   c10::cuda::CUDAGuard guard(device_);
   FU_CUDA_CHECK(cudaStreamSynchronize(comm_));
   FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index()).stream()));
   prune_works();  // every deferred join is done now: none is left in c10d's registry
-  c10d::resolve_process_group(group_name_)->barrier()->wait();
 }
 
 std::vector<std::pair<std::string, int64_t>> UlyssesGroup::stats() const {

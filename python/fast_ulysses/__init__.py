@@ -20,12 +20,22 @@ from .group import UlyssesGroup
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
 from .tags import auto_tag, backward_tag
 from .torch_group import TorchUlyssesGroup
+from .upstream import (
+    SUPPORTED_WORLD_SIZES,
+    AsyncHandle,
+    norm_rope,
+    nvlink_matrix,
+    supports_dtype,
+    supports_world_size,
+)
 from .validation import CallSpec
 
 register_op_autograd()
 
 __all__ = [
     "__version__",
+    "AsyncHandle",
+    "SUPPORTED_WORLD_SIZES",
     "CallSpec",
     "CopyDescriptor",
     "DTYPE_NAMES",
@@ -46,4 +56,8 @@ __all__ = [
     "auto_tag",
     "backward_tag",
     "integrations",
+    "norm_rope",
+    "nvlink_matrix",
+    "supports_dtype",
+    "supports_world_size",
 ]

@@ -51,7 +51,14 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
         return TorchUlyssesGroup(process_group, initial_pool_bytes, decision=decision)
     from .group import UlyssesGroup  # the fast group needs the CUDA part: import it only here
 
-    return UlyssesGroup(process_group, initial_pool_bytes, decision=decision, topology=topology)
+    # require_nvlink=False: `decide` already judged the links (it keeps PCIe within a socket).
+    return UlyssesGroup(
+        process_group,
+        initial_pool_bytes,
+        require_nvlink=False,
+        decision=decision,
+        topology=topology,
+    )
 
 
 def _check_process_group(process_group):
@@ -100,6 +107,7 @@ class UlyssesGroupLike(Protocol):
         head_splits: Sequence[int] | None = None,
         layout: str = "bshd",
         out: torch.Tensor | None = None,
+        use_tma: bool | None = None,
     ) -> torch.Tensor: ...
 
     def all_to_all_single_4d_borrowed(

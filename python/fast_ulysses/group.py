@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -20,20 +21,32 @@ from .debug import check_agreement, debug_enabled, register_debugged, unregister
 from .errors import FastUlyssesError, public, refused
 from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision, decide, shared_gpu_pair
+from .upstream import (
+    UpstreamNames,
+    as_device,
+    check_upstream_options,
+    check_use_tma,
+    nvlink_refusal,
+)
 from .validation import check_barrier
 
 _warned_shared_gpu = False
 
 
-class UlyssesGroup:
+class UlyssesGroup(UpstreamNames):
     """Ulysses all-to-alls over one node's GPUs, with copy-engine writes into peers' windows.
 
     Arguments:
         process_group: the c10d group of the sequence-parallel ranks (None: the default group).
             Any backend works for the setup (gloo, nccl); the transfer does not use it.
         initial_pool_bytes: bytes of symmetric memory to allocate for windows up front. The pool
-            grows on demand (collectively) unless `reserve()` sealed it.
+            grows on demand (collectively) unless `reserve()` sealed it. A torch.device
+            here is taken as `device` (the upstream's second argument).
         device: this rank's GPU (default: the current CUDA device).
+        require_nvlink: refuse a group with two ranks on GPUs whose link is known not to be
+            NVLink (`fast_ulysses.upstream.nvlink_refusal`); make_group passes False (its own
+            rules decide).
+        backend: "pitched", the one transport (`fast_ulysses.upstream.check_backend`).
         decision, topology: the `fast_ulysses.topology.Decision` make_group reached for this
             group and the `Topology` it judged (make_group passes both); when None, the group
             gathers the topology over the process group (collective) and decides with
@@ -44,11 +57,17 @@ class UlyssesGroup:
         ValueError: `topology.cannot_run_message`: a pair of ranks whose GPUs cannot map each
             other's memory (named), ranks on different hosts, ranks sharing a GPU without
             FAST_ULYSSES_ALLOW_SHARED_GPU=1, ...; a FAST_ULYSSES_* setting refused on any rank
-            (`topology.settings_message`, on every rank); or a `decision` for the fallback.
+            (`topology.settings_message`, on every rank); GPUs not NVLink-joined with
+            require_nvlink=True; or a `decision` for the fallback. Both are RuntimeErrors too.
+
+    A group dropped without `destroy()` lets go of its windows when it is collected (not
+    collectively: this rank's work on it is drained first), so another group can be built on the
+    same process group; several may live on one process group at once.
     """
 
     fallback = False
     fallback_reason = ""
+    backend = "pitched"
     rank: int
     world_size: int
 
@@ -59,23 +78,18 @@ class UlyssesGroup:
         initial_pool_bytes: int = 0,
         *,
         device: torch.device | int | str | None = None,
+        require_nvlink: bool = True,
+        backend: str = "pitched",
         decision: Decision | None = None,
         topology=None,
     ):
+        if isinstance(initial_pool_bytes, torch.device) and device is None:
+            initial_pool_bytes, device = 0, initial_pool_bytes
         initial_pool_bytes = as_pool_bytes(initial_pool_bytes)  # arguments before the machine
-        if cuda_load_error:
-            raise RuntimeError(
-                f"UlyssesGroup needs the CUDA part of fast-ulysses: {cuda_load_error}"
-            )
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "UlyssesGroup needs a CUDA GPU; none is visible "
-                "(use TorchUlyssesGroup or make_group)"
-            )
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "UlyssesGroup needs torch.distributed: call dist.init_process_group first"
-            )
+        check_upstream_options(device, require_nvlink, backend)
+        blocker = self._local_blocker(device)
+        if blocker:
+            raise RuntimeError(blocker)
         self.process_group = process_group or dist.group.WORLD
         self.group_name = self.process_group.group_name
         self.rank = dist.get_rank(self.process_group)
@@ -83,7 +97,7 @@ class UlyssesGroup:
         _C.check_group(self.world_size, self.rank)  # the plan's limit, as on the fallback
         if device is None:
             device = torch.cuda.current_device()
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        device = as_device(device)
         if device.type != "cuda":
             raise FastUlyssesError(f"device={device}: UlyssesGroup needs a CUDA device")
         self.device = torch.device(
@@ -92,16 +106,30 @@ class UlyssesGroup:
         self._calls = 0
         self._destroyed = False
         # (Collective, and first: a setting refused on any rank raises on every rank here.)
-        _check_decision(self.process_group, self.device, decision, topology)
+        _check_decision(self.process_group, self.device, decision, topology, require_nvlink)
         self._debug = debug_enabled()
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
-        ops.create_group(self.group_name, self.device.index, initial_pool_bytes)
+        self.group_name = ops.create_group(self.group_name, self.device.index, initial_pool_bytes)
+        self._forget = weakref.finalize(self, ops.forget_group, self.group_name)
+        self._forget.atexit = False  # at exit the process's CUDA state goes anyway
         if self._debug:  # the backward (autograd.py) checks its calls through this group
             register_debugged(self)
+
+    @staticmethod
+    def _local_blocker(device=None) -> str:
+        """Why this process cannot build the group whatever its peers say ("" when it can):
+        the checks made before anything collective (`create()` votes on them)."""
+        if cuda_load_error:
+            return f"UlyssesGroup needs the CUDA part of fast-ulysses: {cuda_load_error}"
+        if not torch.cuda.is_available():
+            return "UlyssesGroup needs a CUDA GPU; none is visible (use TorchUlyssesGroup or make_group)"
+        if not dist.is_initialized():
+            return "UlyssesGroup needs torch.distributed: call dist.init_process_group first"
+        return ""
 
     # -- the collectives -------------------------------------------------------------------
 
@@ -115,6 +143,7 @@ class UlyssesGroup:
         head_splits: Sequence[int] | None = None,
         layout: str = "bshd",
         out: torch.Tensor | None = None,
+        use_tma: bool | None = None,
     ) -> torch.Tensor:
         """One all-to-all. Mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d);
         mode 1 the inverse; sbhd swaps the first two dimensions, bhsd is (b, heads, seq, d).
@@ -123,6 +152,8 @@ class UlyssesGroup:
             out: a contiguous tensor of the output's shape and x's dtype on the group's device,
                 sharing no bytes with x or the tag's window, to fill instead of a new tensor
                 (not with an input that requires grad: out= records no backward).
+            use_tma: accepted for code written against the upstream (None or a bool); every
+                call takes the same path (`fast_ulysses.upstream.check_use_tma`).
 
         Returns:
             A new tensor the caller owns. In eager mode with peers it is an
@@ -141,6 +172,8 @@ class UlyssesGroup:
             rule, before anything is sent.
         """
         try:
+            if use_tma is not None:
+                check_use_tma(use_tma)
             tag = resolve_tag(tag, x, mode, layout)
             self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
             args = (
@@ -268,6 +301,8 @@ class UlyssesGroup:
         stream, after it every peer's data has landed in this rank's windows."""
         self._check_live()
         ops.barrier(self.group_name)
+        self._barriers += 1  # (upstream.AsyncHandle: which deferred results it closed)
+        self._deferred_open = False
 
     # -- windows ---------------------------------------------------------------------------
 
@@ -316,6 +351,7 @@ class UlyssesGroup:
         TorchUlyssesGroup)."""
         if self._destroyed:
             return
+        self._forget.detach()
         ops.destroy_group(self.group_name)
         self._destroyed = True
         unregister_debugged(self)
@@ -370,7 +406,11 @@ class UlyssesGroup:
 
 
 def _check_decision(
-    group: dist.ProcessGroup, device: torch.device, decision: Decision | None, topology
+    group: dist.ProcessGroup,
+    device: torch.device,
+    decision: Decision | None,
+    topology,
+    require_nvlink: bool,
 ) -> None:
     """Refuses what the transport cannot serve, judged on one topology gathered over the group,
     so every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
@@ -390,6 +430,9 @@ def _check_decision(
             f"UlyssesGroup was handed a decision for the fallback "
             f"({decision.reason!r}): build TorchUlyssesGroup, or call make_group"
         )
+    refusal = nvlink_refusal(topology) if require_nvlink else ""
+    if refusal:
+        raise FastUlyssesError(refusal)
     if shared_gpu_pair(topology) is not None:
         _allow_shared_gpu()
 

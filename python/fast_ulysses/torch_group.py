@@ -37,16 +37,22 @@ from .errors import FastUlyssesError, public, refused
 from .plan import Plan
 from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision
+from .upstream import UpstreamNames, as_device, check_upstream_options, check_use_tma
 from .validation import check_barrier, plan_call, window_bytes_by_tag
 
 
-class TorchUlyssesGroup:
+class TorchUlyssesGroup(UpstreamNames):
     """The Ulysses all-to-alls on `torch.distributed`: permute, `all_to_all_single` with split
     sizes, permute back. Bit-exact with `UlyssesGroup` and `fast_ulysses.simulate`.
 
     Arguments:
         process_group: the ranks of the sequence-parallel group (None: the default group).
         initial_pool_bytes: accepted for signature parity with `UlyssesGroup`; unused (>= 0).
+        device, require_nvlink, backend: UlyssesGroup's, checked by the same rules
+            (`fast_ulysses.upstream.check_upstream_options`), so code written for it builds this
+            group unchanged. `device` is kept as `self.device` (None: not given); there are no
+            peer mappings here, so there is no link to require; `backend` says what was asked
+            for, while `self.backend` is "torch", what runs.
         decision: the `fast_ulysses.topology.Decision` make_group reached (it passes its own);
             its reason becomes `fallback_reason`. None: built directly ("requested").
 
@@ -74,12 +80,27 @@ class TorchUlyssesGroup:
     """
 
     fallback = True
+    backend = "torch"
     rank: int
     world_size: int
     fallback_reason: str
 
+    @staticmethod
+    def _local_blocker(device=None) -> str:
+        """Nothing stops this group locally (`create()` asks both groups)."""
+        return ""
+
     @public
-    def __init__(self, process_group=None, initial_pool_bytes: int = 0, *, decision=None):
+    def __init__(
+        self,
+        process_group=None,
+        initial_pool_bytes: int = 0,
+        *,
+        device=None,
+        require_nvlink: bool = True,
+        backend: str = "pitched",
+        decision=None,
+    ):
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise FastUlyssesError(
                 f"process_group is {process_group!r}: it must be a torch.distributed "
@@ -97,7 +118,11 @@ class TorchUlyssesGroup:
                 "TorchUlyssesGroup needs torch.distributed initialised: call "
                 "torch.distributed.init_process_group first"
             )
+        if isinstance(initial_pool_bytes, torch.device) and device is None:
+            initial_pool_bytes, device = 0, initial_pool_bytes
         as_pool_bytes(initial_pool_bytes)
+        check_upstream_options(device, require_nvlink, backend)
+        self.device = None if device is None else as_device(device)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
@@ -137,6 +162,7 @@ class TorchUlyssesGroup:
         head_splits=None,
         layout: str = "bshd",
         out: torch.Tensor | None = None,
+        use_tma: bool | None = None,
     ) -> torch.Tensor:
         """One Ulysses all-to-all; collective: every rank makes the same call.
 
@@ -155,6 +181,7 @@ class TorchUlyssesGroup:
                 bit the tensor the call returns without it). Not differentiable: with grad mode
                 on, neither x nor out may require grad. Every rank may choose separately
                 whether to pass it.
+            use_tma: accepted for code written against the upstream, as on UlyssesGroup.
 
         Returns:
             `out` when given; else a new contiguous plain tensor of the plan's output shape that
@@ -173,6 +200,8 @@ class TorchUlyssesGroup:
             `destroy()`.
         """
         try:
+            if use_tma is not None:
+                check_use_tma(use_tma)
             seq_splits, head_splits = _read_once(seq_splits), _read_once(head_splits)
             tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out)
             if out is not None:
@@ -232,6 +261,8 @@ class TorchUlyssesGroup:
         """
         self._check_alive()
         self._deferred.clear()
+        self._barriers += 1  # (upstream.AsyncHandle: which deferred results it closed)
+        self._deferred_open = False
 
     @public
     def reserve(self, calls) -> None:

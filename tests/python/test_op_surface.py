@@ -22,6 +22,7 @@ OPS = {
     "reserve",
     "barrier",
     "destroy_group",
+    "forget_group",
     "group_stats",
     "check_device",
     "host_profile",

@@ -259,9 +259,12 @@ def test_make_group_builds_the_fast_group_where_decide_says_so(world1, monkeypat
         fallback = False
         fallback_reason = ""
 
-        def __init__(self, process_group, initial_pool_bytes, *, decision, topology):
-            # make_group hands over its decision and the topology it judged
-            assert decision.use_fast and topology == machine(dgx())
+        def __init__(
+            self, process_group, initial_pool_bytes, *, require_nvlink, decision, topology
+        ):
+            # make_group hands over its decision and the topology it judged, and leaves the
+            # links to that decision (no NVLink requirement of the group's own)
+            assert decision.use_fast and topology == machine(dgx()) and require_nvlink is False
             built.append((process_group, initial_pool_bytes))
 
     fake = types.ModuleType("fast_ulysses.group")

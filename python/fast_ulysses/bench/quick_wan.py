@@ -9,7 +9,11 @@ launched from cached CUDA graphs (FAST_ULYSSES_EAGER_GRAPHS, on unless set to 0)
 FAST_ULYSSES_HOST_PROFILE=1 it also prints where the host time goes, stage by stage (each
 stage's mean microseconds per call, the largest over the ranks). Last, "first call at a new
 address": borrowed calls one at a time, each with x where no call had it before (with the cache
-on, each captures and instantiates a graph first).
+on, each captures and instantiates a graph first). Where the group has the upstream's names
+(fast_ulysses.upstream), five rows more: `all_to_all_4d` (the owned call by that name),
+`empty_output+out` (into a buffer the peers write directly), `async` and `lend`
+(all_to_all_4d_async, without and with lend=True), and `packed-view` (the copy call on x as the
+view [:, :, 0] of a packed (1, s, 3, 40, 128) projection, no .contiguous()).
 
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 torchrun --standalone --nproc-per-node 8 \
         -m fast_ulysses.bench.quick_wan --shared-gpu
@@ -98,6 +102,21 @@ def first_calls(group, x, kw, profiling: bool, calls: int = 5) -> dict:
     }
 
 
+def upstream_rows(group, x, kw) -> list:
+    """The upstream names' rows (the module's docstring)."""
+    buffer = group.empty_output(x, 0, **kw)
+    packed = torch.empty(*x.shape[:2], 3, *x.shape[2:], dtype=x.dtype, device=x.device)
+    packed[:, :, 0] = x
+    view = packed[:, :, 0]
+    return [
+        ("all_to_all_4d", lambda: _wait(group.all_to_all_4d(x, 0, **kw))),
+        ("empty_output+out", lambda: group.all_to_all_4d(x, 0, out=buffer, **kw)),
+        ("async", lambda: _wait(group.all_to_all_4d_async(x, 0, **kw))),
+        ("lend", lambda: _wait(group.all_to_all_4d_async(x, 0, lend=True, **kw))),
+        ("packed-view", lambda: _wait(group.all_to_all_single_4d(view, 0, "qp", **kw))),
+    ]
+
+
 def _wait(t):
     """What the first aten op on an AsyncCollectiveTensor does: stream-ordered wait."""
     return t.wait() if hasattr(t, "wait") else t
@@ -128,12 +147,15 @@ def main() -> None:
     profiling = fu.env.switch("FAST_ULYSSES_HOST_PROFILE")  # (the group has parsed it already)
     reset = (lambda: group._host_profile()) if profiling else (lambda: None)
     results = {}
-    for name, call in (
+    rows = [
         ("copy", lambda: _wait(group.all_to_all_single_4d(x, 0, "q", **kw))),
         ("borrowed", lambda: group.all_to_all_single_4d_borrowed(x, 0, "qb", **kw)),
         ("borrowed-op", lambda: op(x, 0, "qb", group.group_name, seq, hsplit, "bshd", True, rank)),
         ("dispatch-only", lambda: check_device(group.group_name, x)),
-    ):
+    ]
+    if hasattr(group, "all_to_all_4d"):  # (older trees measured by scripts/device.sh lack them)
+        rows += upstream_rows(group, x, kw)
+    for name, call in rows:
         launched = group.stats().get("graph_calls", 0)  # (older trees have no such count)
         ms, us = measure(call, args.iters, warmup=3, after_warmup=reset, staggered=args.staggered)
         launched = group.stats().get("graph_calls", 0) - launched

@@ -1,0 +1,446 @@
+"""The upstream project's names, for code written against it (SGLang diffusion, vLLM-Omni,
+LightX2V and others call them).
+
+Every name here is a thin name over this package's own entry points: the groups'
+`all_to_all_single_4d`, its borrowed form, `barrier()` and `qk_norm_rope_all_to_all_qk`. There
+is one transport and one route; nothing here moves a byte itself. Where this package is stricter
+by design, the error names what the upstream did and the fix. docs/API.md, "Migrating from the
+upstream API", maps every name.
+
+`UpstreamNames` is mixed into both groups, so code written against the upstream runs on the
+fast group and on the torch fallback alike.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from .arguments import as_splits
+from .errors import FastUlyssesError
+from .fused import norm_rope_reference, qk_norm_rope_all_to_all_qk
+from .plan import _element_size, cached_plan, limits
+from .plan import plan as make_plan
+
+#: Every group size one group takes (the plan's limit: one node, odd sizes included).
+SUPPORTED_WORLD_SIZES = tuple(range(1, limits()["max_world_size"] + 1))
+#: The transports `UlyssesGroup(backend=...)` takes: the one this package implements.
+BACKENDS = ("pitched",)
+#: How many results `all_to_all_4d_async(lend=True)` may keep alive at once.
+LEND_WINDOWS = 4
+#: The upstream's qk norm names and ours (fast_ulysses.fused: norm=).
+QK_NORMS = {"cross_head": "all_heads", "per_head": "per_head"}
+
+
+def supports_world_size(world_size) -> bool:
+    """True for a group size a group takes (`SUPPORTED_WORLD_SIZES`)."""
+    return type(world_size) is int and world_size in SUPPORTED_WORLD_SIZES
+
+
+def supports_dtype(dtype) -> bool:
+    """True for a dtype the all-to-alls move (the groups' own rule: any 1-, 2- or 4-byte dtype
+    that is not complex or bool)."""
+    try:
+        _element_size(dtype)
+    except FastUlyssesError:
+        return False
+    return True
+
+
+def check_backend(backend) -> None:
+    """Refuses, naming it, a `backend` this package does not implement."""
+    if isinstance(backend, str) and backend in BACKENDS:
+        return
+    raise FastUlyssesError(
+        f"backend={backend!r}: fast-ulysses implements one transport, 'pitched' (pitched "
+        "copy-engine writes straight into the peers' windows); the upstream's 'packed' (flat "
+        "copies with a local pack and unpack, for PCIe) is not implemented: pass "
+        "backend='pitched', or use fast_ulysses.make_group(), which picks the torch.distributed "
+        "path where the pitched one would lose"
+    )
+
+
+def as_device(device) -> torch.device:
+    """`device` (a torch.device, a str such as "cuda:1", or a CUDA device index) as a
+    torch.device."""
+    if type(device) is int:
+        return torch.device("cuda", device)
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError):
+        raise FastUlyssesError(
+            f"device={device!r}: it must be a torch.device, a str such as 'cuda:1', a CUDA "
+            "device index or None"
+        ) from None
+
+
+def check_upstream_options(device, require_nvlink, backend) -> None:
+    """The constructor options both groups take: `device` (None or `as_device`'s),
+    `require_nvlink` (a bool) and `backend` (`check_backend`)."""
+    check_backend(backend)
+    if type(require_nvlink) is not bool:
+        raise FastUlyssesError(f"require_nvlink={require_nvlink!r}: it must be True or False")
+    if device is not None:
+        as_device(device)
+
+
+def check_use_tma(use_tma) -> None:
+    """`use_tma` (the upstream's kernel choice) must be None or a bool. There is one transport
+    here, copy engines and no kernel, so the choice has nothing to pick: it is accepted so that
+    code written for the upstream runs, and every value takes the same path."""
+    if use_tma is not None and type(use_tma) is not bool:
+        raise FastUlyssesError(f"use_tma={use_tma!r}: it must be None, True or False")
+
+
+def nvlink_refusal(topology) -> str:
+    """Why `UlyssesGroup(require_nvlink=True)` refuses `topology` ("" when it does not): a pair
+    of ranks on two GPUs whose link is known and is not NVLink. Ranks sharing one GPU, and pairs
+    NVML cannot judge, pass (the upstream's rule)."""
+    for pair in topology.all_pairs():
+        if pair.link in ("nvlink", "same-device", "unknown"):
+            continue
+        a, b = topology.ranks[pair.a], topology.ranks[pair.b]
+        return (
+            f"require_nvlink=True: ranks {pair.a} ({a.label(pair.a)}) and {pair.b} "
+            f"({b.label(pair.b)}) are joined by {pair.link}, not NVLink; pass "
+            "require_nvlink=False to build the group anyway, or use fast_ulysses.make_group() "
+            "(`fast-ulysses doctor` shows the links)"
+        )
+    return ""
+
+
+def nvlink_matrix(devices) -> dict | None:
+    """Which pairs of this process's CUDA devices are NVLink-joined (a direct link, or both on
+    an NVSwitch fabric), by NVML: {(i, j): bool} over every ordered pair of `devices` (indices),
+    (i, i) True. None where NVML cannot answer. Not collective."""
+    from .topology_probe import Nvml, bus_id_of
+
+    devices = [int(d) for d in devices]
+    with Nvml() as nvml:
+        if not nvml.ok:
+            return None
+        buses = {d: bus_id_of(d) for d in devices}
+        matrix = {}
+        for i in devices:
+            for j in devices:
+                if i == j:
+                    matrix[(i, j)] = True
+                    continue
+                probed = nvml.p2p(buses[i], buses[j])
+                if probed is None:
+                    return None
+                matrix[(i, j)] = probed[1] == "nvlink"
+    return matrix
+
+
+def norm_rope(x, weight, cos, sin, *, mode="per_head", interleaved=True, eps=1e-6):
+    """RMSNorm then RoPE on this rank's (b, s, N, d) tensor, with no all-to-all: the math of the
+    fused scatter (`fast_ulysses.fused.norm_rope_reference`, which the kernel is tested against).
+    mode "per_head" (weight (d,)) or "cross_head" (one RMS over a token's N*d values, weight
+    (N*d,)); interleaved=True rotates pairs (x[2i], x[2i+1]), False (x[i], x[i+d/2])."""
+    return norm_rope_reference(
+        x, weight, eps, cos, sin, norm=_qk_norm(mode), rope_style=_rope_style(interleaved)
+    )
+
+
+def _qk_norm(mode) -> str:
+    if isinstance(mode, str) and mode in QK_NORMS:
+        return QK_NORMS[mode]
+    raise FastUlyssesError(
+        f"mode={mode!r}: must be 'cross_head' (one RMS over a token's N*d values) or "
+        "'per_head' (one RMS per head)"
+    )
+
+
+def _rope_style(interleaved) -> str:
+    if type(interleaved) is not bool:
+        raise FastUlyssesError(f"interleaved={interleaved!r}: it must be True or False")
+    return "interleaved" if interleaved else "half"
+
+
+def _as_async(result: torch.Tensor) -> torch.Tensor:
+    """`result` as an AsyncCollectiveTensor (its `.wait()` returns the plain tensor): results
+    whose transfer is in flight already are one; a ready one is wrapped, its wait a no-op."""
+    if isinstance(result, funcol.AsyncCollectiveTensor):
+        return result
+    return funcol._maybe_wrap_tensor(result)
+
+
+def _ready(result: torch.Tensor) -> torch.Tensor:
+    """`result` as a plain tensor the caller's stream may read (waits on the device)."""
+    return result.wait() if isinstance(result, funcol.AsyncCollectiveTensor) else result
+
+
+class AsyncHandle:
+    """What `all_to_all_single_4d_async` returns: `wait()` makes the current stream wait for
+    the transfer (on the device) and returns the result, a view of the tag's window valid until
+    the next call with that tag."""
+
+    def __init__(self, group, result: torch.Tensor, deferred: bool):
+        self._group = group
+        self._result = result
+        self._closed_at = group._barriers + 1 if deferred else None
+
+    def wait(self) -> torch.Tensor:
+        if self._closed_at is not None and self._group._barriers < self._closed_at:
+            raise FastUlyssesError(
+                "wait() on an all_to_all_single_4d_async(barrier=False) result before the "
+                "barrier that closes it: the upstream let this wait order only this rank's "
+                "work, so the peers' data might not have landed; here it raises. Issue the "
+                "layer's last call with barrier=True, or call signal_arrive_async() and "
+                "signal_wait(), then wait()"
+            )
+        return _ready(self._result)
+
+
+class UpstreamNames:
+    """The upstream's methods, on top of the group's own (mixed into both groups)."""
+
+    _barriers = 0  # barrier() calls so far (each group's barrier() counts them)
+    _deferred_open = False  # an async call with barrier=False awaits its barrier
+    _arrived = False  # signal_arrive_async() awaits its signal_wait()
+
+    # -- the upstream v0.2 surface ---------------------------------------------------------
+
+    def all_to_all_4d(self, x, mode=0, *, out=None, seq_splits=None, head_splits=None):
+        """`all_to_all_single_4d(x, mode, out=out, ...)` (bshd, tag chosen by the tag rule).
+        With an `out` from `empty_output()` the peers write into it directly (no copy-out)."""
+        tag = self._output_tag(out)
+        if tag is None:
+            return self.all_to_all_single_4d(
+                x, mode, None, seq_splits=seq_splits, head_splits=head_splits, out=out
+            )
+        _ready(self._into_output(x, mode, out, tag, seq_splits, head_splits))
+        return out
+
+    def all_to_all_4d_async(
+        self, x, mode=0, *, out=None, seq_splits=None, head_splits=None, lend=False
+    ):
+        """`all_to_all_4d` with the result as an AsyncCollectiveTensor (its `.wait()`, or its
+        first use, makes the stream wait). lend=True returns one of `LEND_WINDOWS` windows of
+        the group in rotation (no copy-out); one more alive at once raises."""
+        if type(lend) is not bool:
+            raise FastUlyssesError(f"lend={lend!r}: it must be True or False")
+        if lend:
+            if out is not None:
+                raise FastUlyssesError(
+                    "out= with lend=True: a lent result is a window of the group itself; "
+                    "pass out= (your buffer) or lend=True, not both"
+                )
+            return _as_async(self._lend(x, mode, seq_splits, head_splits))
+        tag = self._output_tag(out)
+        if tag is not None:
+            return _as_async(self._into_output(x, mode, out, tag, seq_splits, head_splits))
+        return _as_async(
+            self.all_to_all_single_4d(
+                x, mode, None, seq_splits=seq_splits, head_splits=head_splits, out=out
+            )
+        )
+
+    def empty_output(self, x, mode=0, *, seq_splits=None, head_splits=None):
+        """A buffer of the call's output shape and x's dtype, for `out=`: on the fast group a
+        window of its own, which the peers write directly (collective: it is made by one
+        all-to-all of x, whose result it holds; valid until the group's destroy()), on the
+        fallback a plain tensor. The next call into it overwrites it."""
+        if self.fallback:
+            shape = self._output_shape(x, mode, seq_splits, head_splits)
+            return torch.empty(shape, dtype=x.dtype, device=x.device)
+        outputs = self.__dict__.setdefault("_output_tags", {})
+        tag = f"fast_ulysses.output.{len(outputs)}"
+        with torch.no_grad():
+            buffer = _ready(
+                self.all_to_all_single_4d_borrowed(
+                    x, mode, tag, seq_splits=seq_splits, head_splits=head_splits
+                )
+            )
+        outputs[buffer.data_ptr()] = tag
+        return buffer
+
+    def allocate_output(self, x, mode=0):
+        """`empty_output(x, mode=mode)` (the upstream's earlier name)."""
+        return self.empty_output(x, mode)
+
+    def unsupported_reason(self, shape, dtype, mode=0) -> str | None:
+        """Why this rank's input of `shape` and `dtype` cannot go through `all_to_all_4d` with
+        even splits (the plan's message), or None. Not collective."""
+        try:
+            make_plan(self.world_size, self.rank, mode, shape, dtype)
+        except ValueError as error:
+            return str(error)
+        return None
+
+    @classmethod
+    def create(cls, process_group=None, device=None, **options):
+        """The group, or None on every rank (with a RuntimeWarning saying why) where it cannot be
+        built on some rank. Collective: the ranks vote before any of them builds."""
+        if not dist.is_initialized():
+            warnings.warn(
+                "fast-ulysses is unavailable: torch.distributed is not initialized",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        blockers = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(blockers, cls._local_blocker(device), group=process_group)
+        why = "; ".join(f"rank {r}: {b}" for r, b in enumerate(blockers) if b)
+        if not why:
+            try:
+                if device is not None:
+                    options["device"] = device
+                return cls(process_group, **options)
+            except RuntimeError as error:  # every refusal (FastUlyssesError is one)
+                why = str(error)
+        warnings.warn(f"fast-ulysses is unavailable: {why}", RuntimeWarning, stacklevel=2)
+        return None
+
+    @property
+    def stream(self):
+        """The stream calls are ordered on: the caller's current stream (any stream works;
+        None on a fallback group without CUDA)."""
+        device = getattr(self, "device", None)
+        if device is None or not torch.cuda.is_available():
+            return None
+        return torch.cuda.current_stream(device)
+
+    # -- the older names -------------------------------------------------------------------
+
+    def all_to_all_single_4d_ce(self, x, mode=0, tag=None, **options):
+        """`all_to_all_single_4d`: every call here takes the copy engines."""
+        return self.all_to_all_single_4d(x, mode, tag, **options)
+
+    def all_to_all_single_4d_async(self, x, mode=0, tag=None, *, use_tma=None, barrier=True):
+        """The borrowed call on `tag`, as an `AsyncHandle`. barrier=False leaves the closing
+        handshake to a later barrier=True call (or signal_arrive_async()), which then closes
+        every call left open, with one barrier()."""
+        check_use_tma(use_tma)
+        if type(barrier) is not bool:
+            raise FastUlyssesError(f"barrier={barrier!r}: it must be True or False")
+        closes_others = barrier and self._deferred_open
+        result = self.all_to_all_single_4d_borrowed(
+            x, mode, tag, barrier=not closes_others and barrier
+        )
+        if closes_others:
+            self.barrier()
+        elif not barrier:
+            self._deferred_open = True
+        return AsyncHandle(self, result, deferred=not barrier)
+
+    def all_to_all_single_4d_ce_async(self, x, mode=0, tag=None, *, barrier=True):
+        """`all_to_all_single_4d_async`."""
+        return self.all_to_all_single_4d_async(x, mode, tag, barrier=barrier)
+
+    def signal_arrive_async(self) -> None:
+        """Closes every call left open by barrier=False (`barrier()`, on the current stream)."""
+        self.barrier()
+        self._arrived = True
+
+    def signal_wait(self) -> None:
+        """Pairs with `signal_arrive_async()`, which already ordered the current stream after
+        the peers' data; raises when no arrive is pending (as the upstream does)."""
+        if not self._arrived:
+            raise FastUlyssesError(
+                "signal_wait() before signal_arrive_async(): call signal_arrive_async() first"
+            )
+        self._arrived = False
+
+    def all_to_all_single_4d_qk2(
+        self,
+        q,
+        k,
+        weight_q,
+        weight_k,
+        cos,
+        sin,
+        *,
+        mode="cross_head",
+        interleaved=True,
+        eps=1e-6,
+        tag="",
+        use_tma=None,
+    ):
+        """RMSNorm + RoPE + the mode-0 scatter of q and k with one closing handshake
+        (`fast_ulysses.qk_norm_rope_all_to_all_qk` on tags `tag + "::q"` and `tag + "::k"`):
+        (q_out, k_out), borrowed results valid until the next call with their tags."""
+        check_use_tma(use_tma)
+        return qk_norm_rope_all_to_all_qk(
+            self,
+            q,
+            k,
+            (f"{tag}::q", f"{tag}::k"),
+            norm_weights=(weight_q, weight_k),
+            eps=eps,
+            cos=cos,
+            sin=sin,
+            norm=_qk_norm(mode),
+            rope_style=_rope_style(interleaved),
+        )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _output_shape(self, x, mode, seq_splits, head_splits) -> tuple:
+        if not isinstance(x, torch.Tensor):
+            raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
+        seq, heads = as_splits(seq_splits, "seq_splits"), as_splits(head_splits, "head_splits")
+        return cached_plan(
+            self.world_size,
+            self.rank,
+            mode,
+            tuple(x.shape),
+            x.element_size(),
+            None if seq is None else tuple(seq),
+            None if heads is None else tuple(heads),
+            "bshd",
+        ).output_shape
+
+    def _output_tag(self, out) -> str | None:
+        """The tag of an `empty_output` buffer of this group, or None."""
+        outputs = self.__dict__.get("_output_tags")
+        if not outputs or not isinstance(out, torch.Tensor):
+            return None
+        return outputs.get(out.data_ptr())
+
+    def _into_output(self, x, mode, out, tag, seq_splits, head_splits):
+        """The borrowed call on the tag whose window `out` is: the peers write into `out`."""
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+            raise FastUlyssesError(
+                "out= with an input that requires grad: out= records no backward; call "
+                "without out= when gradients are needed"
+            )
+        shape = self._output_shape(x, mode, seq_splits, head_splits)
+        if tuple(out.shape) != shape or out.dtype != x.dtype:
+            raise FastUlyssesError(
+                f"out has shape {tuple(out.shape)} and dtype {out.dtype}, but this call's output "
+                f"is {shape} of {x.dtype}: an empty_output() buffer serves calls of its own "
+                "shape and dtype (make one per call geometry)"
+            )
+        result = self.all_to_all_single_4d_borrowed(
+            x, mode, tag, seq_splits=seq_splits, head_splits=head_splits
+        )
+        if result.data_ptr() != out.data_ptr():  # a window never moves while it is large enough
+            raise RuntimeError(f"fast-ulysses: the window of {tag!r} moved: please report this")
+        return result
+
+    def _lend(self, x, mode, seq_splits, head_splits):
+        """The borrowed call on the next of the `LEND_WINDOWS` lend tags, in rotation, refused
+        while that window's previous result (or a view of it) is still alive."""
+        lent = self.__dict__.setdefault("_lent", [None] * LEND_WINDOWS)
+        count = self.__dict__.get("_lends", 0)
+        slot = count % LEND_WINDOWS
+        if lent[slot] is not None and lent[slot]() is not None:
+            raise FastUlyssesError(
+                f"all_to_all_4d_async(lend=True): {LEND_WINDOWS} lent results are alive, and "
+                f"the next lend reuses the window of the oldest: drop it (and its views) first, "
+                "or call with lend=False (a result you own). Every rank must drop lent results "
+                "at the same point of its program"
+            )
+        result = self.all_to_all_single_4d_borrowed(
+            x, mode, f"fast_ulysses.lend.{slot}", seq_splits=seq_splits, head_splits=head_splits
+        )
+        window = result.elem if isinstance(result, funcol.AsyncCollectiveTensor) else result
+        lent[slot] = weakref.ref(window)
+        self._lends = count + 1
+        return result
