@@ -522,7 +522,10 @@ BEYOND = "is beyond int64: it must be in [-2^63, 2^63 - 1]"
         (["--overlap-repeats", "0"], "argument --overlap-repeats: '0' is out of range"),
         (["--nproc", "0"], "argument --nproc: '0' is out of range: it must be in [1, 8]"),
         (["--nproc", "9"], "argument --nproc: '9' is out of range: it must be in [1, 8]"),
-        (["--nproc", str(2**63)], f"argument --nproc: '{2**63}' {BEYOND}"),
+        (
+            ["--nproc", str(2**63)],
+            f"argument --nproc: '{2**63}' is out of range: it must be in [1, 8]",
+        ),
         (["--modes", "0,2"], "argument --modes: '0,2': every mode must be 0 or 1"),
         (["--modes", "x"], "argument --modes: 'x': 'x' is not an integer"),
         (

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import fast_ulysses as fu
+from fast_ulysses.cli.main import main
 from fast_ulysses.topology import MAX_RANKS
 
 
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "fast_ulysses.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def run_cli(*args) -> subprocess.CompletedProcess:
+    """`fast-ulysses *args` in this process (its main, stdout and stderr captured, an argparse
+    exit taken as the exit code): a subprocess per test only paid torch's import again.
+    tests/python/test_cli.py runs the command as its own process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_plan_wan_720p_prints_chunk_bytes():
@@ -65,10 +71,30 @@ def test_plan_bad_call_is_a_clear_error():
     _assert_usage_error(result, "pass head_splits")
 
 
-@pytest.mark.parametrize("world_size", [0, MAX_RANKS + 1, -2])
-def test_plan_world_size_out_of_range(world_size):
-    result = run_cli("plan", "--preset", "wan-720p", "--world-size", str(world_size))
-    _assert_usage_error(result, f"world_size={world_size}: must be in [1, {MAX_RANKS}]")
+@pytest.mark.parametrize(
+    "world_size,shown",
+    [(str(v), repr(str(v))) for v in (0, MAX_RANKS + 1, -2, 2**63, -(2**63) - 1, 2**64)]
+    + [("9" * 5000, repr("9" * 37 + "..."))],
+)
+def test_plan_world_size_out_of_range(world_size, shown):
+    """Any integer outside [1, max_world_size] names that range (the plan's limit, read from
+    _C), past int64 too: not int64's range."""
+    result = run_cli("plan", "--preset", "wan-720p", "--world-size", world_size)
+    _assert_usage_error(
+        result,
+        f"argument --world-size: {shown} is out of range: it must be in [1, {MAX_RANKS}] (e.g. 8)",
+    )
+
+
+@pytest.mark.parametrize(
+    "option,example",
+    [("--seq-splits", "4,3,3 for 3 ranks"), ("--head-splits", "2,1,1 for 3 ranks")],
+)
+def test_plan_bad_splits_suggest_splits_not_a_shape(option, example):
+    args = ["plan", "--shape", "1,100,16,128", "--world-size", "2", option, "1,x"]
+    line = _assert_usage_error(run_cli(*args), f"argument {option}: ")
+    assert line.endswith(f"(give comma-separated integers, e.g. {example})"), line
+    assert "1,9450,40,128" not in line
 
 
 @pytest.mark.parametrize("rank", [8, -1])
@@ -245,8 +271,6 @@ BEYOND = "is beyond int64: it must be in [-2^63, 2^63 - 1]"
 @pytest.mark.parametrize(
     "call,option,value",
     [
-        ("--preset", "--world-size", str(2**63)),
-        ("--shape", "--world-size", str(-(2**63) - 1)),
         ("--preset", "--rank", str(2**64)),
         ("--shape", "--rank", str(2**63)),
     ],

@@ -11,10 +11,13 @@ import pytest
 
 WORLD = 3
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("deepspeed") is None,
-    reason="deepspeed is not installed (requirements/dev.txt)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("deepspeed") is None,
+        reason="deepspeed is not installed (requirements/dev.txt)",
+    ),
+    pytest.mark.full,  # real DeepSpeed on 3 ranks: the full tier's
+]
 
 
 @pytest.fixture(scope="module")

@@ -36,11 +36,17 @@ def test_doctor_table_exits_0():
     "name,value,rule",
     [
         ("FAST_ULYSSES_ALLOW_SHARED_GPU", "yes", "must be 0 (off) or 1 ("),
-        ("FAST_ULYSSES_DEBUG", "yes", "must be 0 (off) or 1 ("),
-        ("FAST_ULYSSES_EAGER_GRAPHS", "on", "must be 0 (call by call) or 1 ("),
-        ("FAST_ULYSSES_HOST_PROFILE", "true", "must be 0 (off) or 1 (time each stage"),
-        ("FAST_ULYSSES_WATCHDOG_S", "-1", "must be a number of seconds >= 0"),
-        ("FAST_ULYSSES_WATCHDOG_ACTION", "kill", "must be 'report' or 'abort'"),
+        # The others in the full tier: a process each, and one parser (csrc/env) for all.
+        *(
+            pytest.param(*case, marks=pytest.mark.full)
+            for case in (
+                ("FAST_ULYSSES_DEBUG", "yes", "must be 0 (off) or 1 ("),
+                ("FAST_ULYSSES_EAGER_GRAPHS", "on", "must be 0 (call by call) or 1 ("),
+                ("FAST_ULYSSES_HOST_PROFILE", "true", "must be 0 (off) or 1 (time each stage"),
+                ("FAST_ULYSSES_WATCHDOG_S", "-1", "must be a number of seconds >= 0"),
+                ("FAST_ULYSSES_WATCHDOG_ACTION", "kill", "must be 'report' or 'abort'"),
+            )
+        ),
     ],
 )
 def test_doctor_refuses_a_bad_setting_without_a_traceback(name, value, rule, monkeypatch):

@@ -294,6 +294,7 @@ def test_fallback_ranks_exit_cleanly(three_ranks):
     three_ranks.assert_clean_exit()
 
 
+@pytest.mark.full  # the fused feature's fast multi-rank check: fused_torch_group above
 def test_the_wan_fused_attention_example_matches_one_process():
     import subprocess
     import sys

@@ -51,6 +51,7 @@ def upstream_ranks(launch_ranks):
     )
 
 
+@pytest.mark.full  # a real upstream package's launch: the full tier's
 @pytest.mark.parametrize("framework,check", upstream_frameworks.check_names(WORLD))
 def test_against_the_installed_framework(upstream_ranks, framework, check):
     """Forward and (where upstream has one) gradients bit for bit against yunchang's and
@@ -62,6 +63,7 @@ def test_against_the_installed_framework(upstream_ranks, framework, check):
     upstream_ranks.assert_check(check, ranks=range(WORLD - P, WORLD))
 
 
+@pytest.mark.full  # a real upstream package's launch: the full tier's
 def test_against_the_installed_frameworks_exits_cleanly(upstream_ranks):
     upstream_ranks.assert_clean_exit()
 

@@ -141,13 +141,16 @@ def test_more_ranks_than_one_node_raise_when_the_group_is_built(world1, monkeypa
 
 @pytest.mark.parametrize("name", ["bool", "complex", "float64", "int64"])
 def test_plan_refuses_a_bad_dtype_with_the_groups_message(name):
-    """plan() and simulate() take a dtype the groups refuse no more than the groups do, and say
-    so in the same words (one C++ check)."""
+    """plan() and simulate() take a dtype the groups refuse no more than the groups do, and
+    state the groups' rule in the same words (one C++ check), naming what the caller passed:
+    plan's dtype argument as torch spells it, simulate's inputs (neither has an `x`)."""
     x, message = BAD_TENSORS[name]
-    exact = "^" + re.escape(message) + "$"
-    with pytest.raises(ValueError, match=exact):
+    rule = re.escape(message.partition(": ")[2])
+    size = rf" \({x.element_size()}-byte elements\)" if "element size" in message else ""
+    dtype = re.escape(str(x.dtype))
+    with pytest.raises(ValueError, match=f"^dtype={dtype}{size}: {rule}$"):
         fast_ulysses.plan(1, 0, 0, (1, 2, 2, 8), x.dtype)
-    with pytest.raises(ValueError, match=exact):
+    with pytest.raises(ValueError, match=f"^inputs\\[0\\] has dtype {dtype}{size}: {rule}$"):
         fast_ulysses.simulate([x.contiguous()], 0)
 
 

@@ -25,6 +25,7 @@ def ranks(launch_ranks):
     return launch_ranks("xdit_fastvideo", WORLD, "--frameworks", ",".join(PRESENT), timeout=300)
 
 
+@pytest.mark.full  # a real upstream package's launch: the full tier's
 @pytest.mark.parametrize("framework,check", worker.check_names(WORLD))
 def test_against_the_package(ranks, framework, check):
     if MISSING[framework]:
@@ -33,6 +34,7 @@ def test_against_the_package(ranks, framework, check):
     ranks.assert_check(check, ranks=range(WORLD - P, WORLD))
 
 
+@pytest.mark.full  # a real upstream package's launch: the full tier's
 def test_all_ranks_exit_cleanly(ranks):
     ranks.assert_clean_exit()
 

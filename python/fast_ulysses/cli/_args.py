@@ -31,13 +31,21 @@ def _int64(text: str) -> tuple[int, str]:
 
 def integer(example: int | str, minimum: int | None = None, maximum: int | None = None):
     """An argparse `type`: an int64-sized int in [minimum, maximum] (either end may be open).
-    `example` is named in every refusal."""
+    `example` is named in every refusal. With both ends set, any integer outside them, one past
+    int64 too, is refused by naming that range."""
 
     def parse(text: str) -> int:
         value, why = _int64(text)
-        if why:
+        bounded = minimum is not None and maximum is not None
+        if why and not (bounded and _INTEGER.fullmatch(text)):
             raise argparse.ArgumentTypeError(f"{_shown(text)} {why} (e.g. {example})")
-        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        # An integer past int64 with both ends set is out of that range: the message names the
+        # option's own range ([1, 8]), not int64's.
+        if (
+            why
+            or (minimum is not None and value < minimum)
+            or (maximum is not None and value > maximum)
+        ):
             rule = (
                 f">= {minimum}"
                 if maximum is None
@@ -54,10 +62,21 @@ def integer(example: int | str, minimum: int | None = None, maximum: int | None 
     return parse
 
 
+def integers_like(example: str):
+    """An argparse `type`: `integers` whose refusals give `example` (a value of that option:
+    a shape for --shape, splits for --seq-splits)."""
+
+    def parse(text: str) -> list[int]:
+        return integers(text, example)
+
+    parse.__name__ = "integers"  # (argparse's fallback message names the type)
+    return parse
+
+
 def integers(text: str, example: str = "1,9450,40,128") -> list[int]:
     """An argparse `type`: comma-separated int64-sized ints (--shape, --seq-splits,
     --head-splits); an empty item (1,,1 or a trailing comma) is refused, not skipped, and so
-    is a value with no integer at all."""
+    is a value with no integer at all. `example` (default: a shape) is given in a refusal."""
     hint = f"(give comma-separated integers, e.g. {example})"
     if not text.strip():  # an empty --seq-splits "" would otherwise read as "not given"
         raise argparse.ArgumentTypeError(f"{_shown(text)} holds no integer {hint}")

@@ -23,8 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `fast-ulysses doctor --bogus`: the command's usage, not the top-level one
+        command = _subcommands(parser)[args.command]
+        command.error(f"unrecognized arguments: {' '.join(extra)}")  # exits 2
     return args.run(args)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each subcommand, by name."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
 
 
 if __name__ == "__main__":

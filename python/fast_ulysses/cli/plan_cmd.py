@@ -14,7 +14,7 @@ from .. import plan as make_plan
 from ..plan import DTYPE_NAMES, LAYOUTS, CopyDescriptor
 from ..presets import PRESETS, preset_call
 from ..topology import MAX_RANKS
-from ._args import integer, integers
+from ._args import integer, integers, integers_like
 from ._help import HelpFormatter
 
 DTYPES = DTYPE_NAMES  # one table of dtype names, fast_ulysses.plan's
@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--world-size",
-        type=integer(8),
+        type=integer(8, minimum=1, maximum=MAX_RANKS),
         required=True,
         help=f"ranks in the group (1 to {MAX_RANKS})",
     )
@@ -63,12 +63,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--seq-splits",
-        type=integers,
+        type=integers_like("4,3,3 for 3 ranks"),
         help="rows of every rank, comma-separated (default: even, or the preset's)",
     )
     p.add_argument(
         "--head-splits",
-        type=integers,
+        type=integers_like("2,1,1 for 3 ranks"),
         help="heads of every rank, comma-separated (default: even, or the preset's)",
     )
     p.add_argument(
