@@ -1,6 +1,6 @@
 """diffusers' context parallelism on fast-ulysses: a tiny WanTransformer3DModel, patched.
 
-    torchrun --nproc-per-node 2 examples/diffusers_wan.py [--heads 3 --latent 1 14 2 --anything]
+    python examples/diffusers_wan.py [--nproc 2 --heads 3 --latent 1 14 2 --anything]
 
 Each rank builds the same tiny Wan transformer (2 layers, heads of 16, random weights, seeded,
 float32), keeps a copy for one process, and turns on diffusers' Ulysses context parallelism
@@ -20,50 +20,27 @@ largest value. --heads that the rank count does not divide work;
 --anything (diffusers' `ulysses_anything=True`) also takes a token count it does not divide
 (latent frames x height/2 x width/2 tokens).
 
-With GPUs: one rank per GPU, NCCL (gloo for diffusers' small CPU gathers). Without: CPU ranks
-over gloo, with three shims for diffusers 0.42.1 that are not on the all-to-all path (see
-`cpu_shims`).
+With GPUs: one rank per GPU, NCCL (gloo for diffusers' small CPU gathers). Without: 2 CPU
+ranks (--nproc for more) over gloo ("cpu:gloo"; patch_diffusers also applies what diffusers
+0.42.1 needs there, off the all-to-all path). Under torchrun it runs on the ranks torchrun
+launched.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import logging
-import os
 
+import _launch  # how every example starts its ranks (examples/_launch.py)
 import torch
 import torch.distributed as dist
+from _launch import count
 
 from fast_ulysses.attention import group_for
 from fast_ulysses.integrations.diffusers import patch_diffusers
 
-
-def cpu_shims() -> None:
-    """diffusers 0.42.1 on CPU ranks over gloo: enable_parallelism computes rank %
-    torch.accelerator.device_count() (0 without a GPU); its sharder calls
-    logger.warning_once, which only exists once transformers is imported; and
-    ulysses_anything gathers the output with dist.all_gather of unequal tensors, which gloo
-    refuses (padded here)."""
-    from diffusers.hooks import context_parallel
-    from diffusers.models._modeling_parallel import gather_size_by_comm
-
-    if torch.accelerator.device_count() == 0:
-        torch.accelerator.device_count = lambda: 1
-    if not hasattr(logging.Logger, "warning_once"):
-        logging.Logger.warning_once = logging.Logger.warning
-
-    def all_gather_anything(tensor, dim, group):
-        tensor = tensor.contiguous()
-        sizes = gather_size_by_comm(tensor.shape[dim], group)
-        pad = list(tensor.shape)
-        pad[dim] = max(sizes) - tensor.shape[dim]
-        padded = torch.cat([tensor, tensor.new_zeros(pad)], dim)
-        parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded, group=group)
-        return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim)
-
-    context_parallel._all_gather_anything = all_gather_anything
+CPU_RANKS = 2  # without a GPU
+PATCH = (1, 2, 2)  # the tiny Wan's patch: frames, height, width
+ROPE_MAX_SEQ_LEN = 64  # positions of its rotary embedding, on each axis
 
 
 def forward_backward(model, x, t, text, w):
@@ -84,29 +61,13 @@ def count_calls(group) -> list[int]:
     return calls
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument(
-        "--latent", type=int, nargs=3, default=(3, 4, 4), metavar=("FRAMES", "HEIGHT", "WIDTH")
-    )
-    parser.add_argument(
-        "--anything", action="store_true", help="diffusers' ulysses_anything=True (any token count)"
-    )
-    args = parser.parse_args()
-    use_gpu = torch.cuda.is_available()
-    if use_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("cpu:gloo,cuda:nccl" if use_gpu else "cpu:gloo")
-    if not use_gpu:
-        cpu_shims()
+def run(rank: int, world: int, device: torch.device, args) -> bool:
+    use_gpu = device.type == "cuda"
     from diffusers import ContextParallelConfig, WanTransformer3DModel
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
     torch.manual_seed(0)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
+        patch_size=PATCH,
         num_attention_heads=args.heads,
         attention_head_dim=16,
         in_channels=4,
@@ -115,7 +76,7 @@ def main() -> int:
         freq_dim=32,
         ffn_dim=64,
         num_layers=2,
-        rope_max_seq_len=64,
+        rope_max_seq_len=ROPE_MAX_SEQ_LEN,
     ).to(device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 4, *args.latent, generator=g).to(device)
@@ -145,16 +106,87 @@ def main() -> int:
             if not group.fallback
             else f"torch.distributed fallback (TorchUlyssesGroup): {group.fallback_reason}"
         )
-        tokens = args.latent[0] * (args.latent[1] // 2) * (args.latent[2] // 2)
         print(f"{world} ranks on {'GPUs' if use_gpu else 'CPU (gloo)'}, {kind}")
-        print(f"tiny Wan: {args.heads} heads, {tokens} tokens, ulysses_anything={args.anything}")
+        print(
+            f"tiny Wan: {args.heads} heads, {tokens(args.latent)} tokens, "
+            f"ulysses_anything={args.anything}"
+        )
         print(f"Ulysses all-to-alls on fast-ulysses (forward and backward): {calls[0]}")
         print(f"output: largest difference from one process {out_diff:.3e}")
         print(f"gradients (summed over ranks): largest relative difference {grad_diff:.3e}")
         print(f"within float32 rounding (1e-4): {ok}")
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if ok else 1
+    return ok
+
+
+def tokens(latent) -> int:
+    """The sequence length of a latent (frames, height, width) after the 1x2x2 patches."""
+    frames, height, width = latent
+    return frames // PATCH[0] * (height // PATCH[1]) * (width // PATCH[2])
+
+
+def check(args, world: int) -> str:
+    """What in `args` this run cannot take on `world` ranks ("" when nothing)."""
+    if world < 2:
+        return (
+            f"--nproc is {world}: diffusers' context parallelism needs at least 2 ranks "
+            "(ulysses_degree > 1; e.g. --nproc 2)"
+        )
+    if args.heads < world:  # a rank without heads: torch's CPU attention dies of SIGFPE
+        return (
+            f"--heads is {args.heads}: it must be at least the {world} ranks, one head or more "
+            f"on every rank (e.g. --heads {world})"
+        )
+    frames, height, width = args.latent
+    for name, value, patch in (("HEIGHT", height, PATCH[1]), ("WIDTH", width, PATCH[2])):
+        if value % patch:
+            return (
+                f"--latent {frames} {height} {width}: {name} {value} is not a multiple of the "
+                f"patch size {patch} (e.g. --latent {frames} {height + height % patch} "
+                f"{width + width % patch})"
+            )
+    for name, value, patch in zip(("FRAMES", "HEIGHT", "WIDTH"), args.latent, PATCH):
+        if value // patch > ROPE_MAX_SEQ_LEN:
+            return (
+                f"--latent {frames} {height} {width}: {name} {value} is more than "
+                f"{ROPE_MAX_SEQ_LEN * patch}, the {ROPE_MAX_SEQ_LEN} positions of the model's "
+                "rotary embedding"
+            )
+    n = tokens(args.latent)
+    if args.anything and n < world:
+        return (
+            f"--latent {frames} {height} {width} is {n} tokens: it must be at least the {world} "
+            "ranks, one token or more on every rank"
+        )
+    if not args.anything and n % world:
+        return (
+            f"--latent {frames} {height} {width} is {n} tokens: diffusers shards them evenly, "
+            f"so the {world} ranks must divide them (add --anything for any token count)"
+        )
+    return ""
+
+
+def main() -> int:
+    parser = _launch.parser(__doc__, cpu_ranks=CPU_RANKS)
+    parser.add_argument("--heads", type=count(4), default=4, help="attention heads, of 16 each")
+    parser.add_argument(
+        "--latent",
+        type=count("3 4 4"),
+        nargs=3,
+        default=(3, 4, 4),
+        metavar=("FRAMES", "HEIGHT", "WIDTH"),
+        help="the latent's frames, height and width (height and width even)",
+    )
+    parser.add_argument(
+        "--anything", action="store_true", help="diffusers' ulysses_anything=True (any token count)"
+    )
+    args = parser.parse_args()  # every argument checked before any rank starts
+    world = _launch.world_size(parser, args, CPU_RANKS)
+    problem = check(args, world)
+    if problem:
+        parser.error(problem)
+    use_gpu = torch.cuda.is_available()
+    backend = "cpu:gloo,cuda:nccl" if use_gpu else "cpu:gloo"
+    return _launch.launch(run, args, world, backend=backend)
 
 
 if __name__ == "__main__":

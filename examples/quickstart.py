@@ -1,29 +1,30 @@
 """fast-ulysses quick start: one Ulysses layer's all-to-alls, checked.
 
+    python examples/quickstart.py [--nproc P]
+
 With GPUs: one rank per GPU (up to 8) over NCCL; make_group picks the fast path (UlyssesGroup)
 where the GPUs allow it and says why not otherwise.
 Without a GPU: 4 CPU ranks over gloo; make_group falls back to TorchUlyssesGroup (and says
-why), so the same code runs a real all-to-all on the CPU.
+why), so the same code runs a real all-to-all on the CPU. Under torchrun it runs on the ranks
+torchrun launched.
 Either way every result is compared bit-exactly with fast_ulysses.simulate, the CPU execution
 of the copy plan the fast path issues, and the plan of Wan 2.1 720p on 8 ranks is printed.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 
+import _launch  # how every example starts its ranks (examples/_launch.py)
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fast_ulysses as fu
 from fast_ulysses.presets import even_splits
 
 # A small uneven case: 12 heads on the ranks (Wan 1.3B-like), sequence rows not divisible.
 HEADS, HEAD_DIM, BATCH = 12, 64, 1
+CPU_RANKS = 4  # without a GPU
 
 
 def splits(world_size: int) -> tuple[list[int], list[int]]:
@@ -31,15 +32,8 @@ def splits(world_size: int) -> tuple[list[int], list[int]]:
     return seq, even_splits(HEADS, world_size)
 
 
-def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
-    backend = "nccl" if use_gpu else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"file://{store}", rank=rank, world_size=world_size
-    )
-    device = torch.device("cuda", rank) if use_gpu else torch.device("cpu")
-    if use_gpu:
-        torch.cuda.set_device(device)
-    group = fu.make_group(dist.group.WORLD, initial_pool_bytes=64 << 20)
+def quickstart(rank: int, world_size: int, device: torch.device, args) -> bool:
+    group = fu.make_group(initial_pool_bytes=64 << 20)
     seq, heads = splits(world_size)
     inputs = [
         torch.randn(BATCH, seq[r], HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(r)).to(
@@ -61,7 +55,7 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
             if not group.fallback
             else f"torch.distributed fallback (TorchUlyssesGroup): {group.fallback_reason}"
         )
-        print(f"{world_size} ranks on {'GPUs' if use_gpu else 'CPU'}, {kind}")
+        print(f"{world_size} ranks on {'GPUs' if device.type == 'cuda' else 'CPU'}, {kind}")
         print(
             f"mode 0: {tuple(x.shape)} -> {tuple(y.shape)} on rank 0 (seq_splits {seq}, "
             f"head_splits {heads}); mode 1 back to {tuple(z.shape)}"
@@ -69,30 +63,15 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
         print(
             f"every rank's result equals fast_ulysses.simulate bit for bit: {bool(summary.item())}"
         )
+        print_wan_plan()
     group.destroy()
-    dist.destroy_process_group()
     if not ok:
         print(f"rank {rank}: result differs from simulate", file=sys.stderr)
-    # Leave without interpreter finalization: gloo work that outlives the process group can
-    # abort a spawned process at exit ("terminate called without an active exception", seen in
-    # CI after every check had passed).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if ok else 1)
+    return ok
 
 
-def main() -> int:
-    # No options: the machine decides the ranks. Anything else given is a usage error (exit 2).
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
-    use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 1
-    world_size = min(torch.cuda.device_count(), 8) if use_gpu else 4
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(
-            worker,
-            args=(world_size, os.path.join(tmp, "store"), use_gpu),
-            nprocs=world_size,
-            join=True,
-        )
+def print_wan_plan() -> None:
+    """The plan of Wan 2.1 720p on 8 ranks (GPU-free: fast_ulysses.plan)."""
     p = fu.plan(8, 0, 0, (1, 9450, 40, 128), torch.bfloat16)
     print(
         f"Wan 2.1 720p on 8 ranks, rank 0, mode 0: {p.input_shape} -> {p.output_shape}; "
@@ -100,8 +79,10 @@ def main() -> int:
         f"src pitch {p[1].src_pitch} B); window {p.window_bytes:,} bytes "
         "(see `fast-ulysses plan --preset wan-720p --world-size 8`)"
     )
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = _launch.parser(__doc__, cpu_ranks=CPU_RANKS)
+    args = parser.parse_args()  # every argument checked before any rank starts
+    world = _launch.world_size(parser, args, cpu_ranks=CPU_RANKS)
+    sys.exit(_launch.launch(quickstart, args, world))

@@ -13,12 +13,13 @@ runs the same block on the whole sequence in one process (the reference) and che
 Uneven splits on purpose: heads that P does not divide (12 heads on 8 ranks by default with 8
 GPUs; --heads 5 on 3 CPU ranks in the test) and a sequence that P does not divide.
 
-With GPUs: one rank per GPU (up to 8), NCCL, bfloat16 (bf16 tolerances). With --shared-gpu:
---nproc ranks on the first GPU over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1, a testing mode: 12
-heads on 8 ranks with one GPU). Without a GPU: --nproc CPU ranks over gloo, float32. It prints
-what it ran and exits 1 if a check fails.
+With GPUs: one rank per GPU (up to 8; --nproc fewer), NCCL, bfloat16 (bf16 tolerances). With
+--shared-gpu: --nproc ranks on the first GPU over gloo (FAST_ULYSSES_ALLOW_SHARED_GPU=1, a testing
+mode: 12 heads on 8 ranks with one GPU). Without a GPU: --nproc CPU ranks (default 3) over gloo,
+float32. Under torchrun it runs on the ranks torchrun launched. It prints what it ran and exits 1
+if a check fails.
 
-    python examples/wan_block.py [--heads 12 --head-dim 64 --seq 1001 --steps 3 --nproc 3]
+    python examples/wan_block.py [--nproc 3 --heads 12 --head-dim 64 --seq 1001 --steps 3]
     python examples/wan_block.py --shared-gpu --nproc 8
 """
 
@@ -27,17 +28,18 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import sys
-import tempfile
 
+import _launch  # how every example starts its ranks (examples/_launch.py)
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from _launch import count
 
 import fast_ulysses as fu
 from fast_ulysses.plan import limits
+
+CPU_RANKS = 3  # without a GPU
 
 
 def even_splits(total: int, parts: int) -> list[int]:
@@ -98,15 +100,9 @@ def all_reduce_(t: torch.Tensor, backend: str, op=dist.ReduceOp.SUM) -> None:
     t.copy_(host)
 
 
-def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
-    backend = "nccl" if use_gpu and not args.shared_gpu else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"file://{store}", rank=rank, world_size=world_size
-    )
-    index = 0 if args.shared_gpu else rank
-    device = torch.device("cuda", index) if use_gpu else torch.device("cpu")
-    if use_gpu:
-        torch.cuda.set_device(device)
+def block(rank: int, world_size: int, device: torch.device, args) -> bool:
+    use_gpu = device.type == "cuda"
+    backend = dist.get_backend()
     dtype = torch.bfloat16 if use_gpu else torch.float32
     tolerance = 5e-2 if use_gpu else 1e-4  # bfloat16 keeps 8 bits of mantissa
     seq, heads = even_splits(args.seq, world_size), even_splits(args.heads, world_size)
@@ -183,38 +179,8 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool, args) -> None:
             f"{[f'{v:.6f}' for v in ref_losses]}"
         )
         print(f"every check within {tolerance:g}: {bool(ok.item())}")
-    # Every rank past its last collective before any tears its process group down: a rank
-    # exiting while a peer's gloo transfer is still in flight can abort that peer at exit.
-    dist.barrier()
     group.destroy()
-    dist.destroy_process_group()
-    # Leave without interpreter finalization: gloo work that outlives the process group can
-    # abort a spawned process at exit ("terminate called without an active exception", seen in
-    # CI after every check had passed).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if ok.item() else 1)
-
-
-def count(example: int, maximum: int | None = None):
-    """An argparse type: an integer >= 1 (and <= maximum); a refusal names the value."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not an integer (e.g. {example})"
-            ) from None
-        if value < 1 or (maximum is not None and value > maximum):
-            rule = ">= 1" if maximum is None else f"in [1, {maximum}]"
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is out of range: it must be {rule} (e.g. {example})"
-            )
-        return value
-
-    parse.__name__ = "count"
-    return parse
+    return bool(ok.item())
 
 
 def finite(text: str) -> float:
@@ -268,7 +234,7 @@ def check(args, world_size: int, use_gpu: bool) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _launch.parser(__doc__, cpu_ranks=CPU_RANKS)
     parser.add_argument("--heads", type=count(12), default=12)
     parser.add_argument("--head-dim", type=count(64), default=64, help="an even number")
     parser.add_argument("--seq", type=count(1001), default=1001, help="total sequence length")
@@ -276,41 +242,19 @@ def main() -> int:
     parser.add_argument("--steps", type=count(3), default=3, help="SGD steps")
     parser.add_argument("--lr", type=finite, default=0.5)
     parser.add_argument(
-        "--nproc",
-        type=count(3, maximum=8),
-        default=3,
-        help="ranks without a GPU, or with --shared-gpu (1 to 8)",
-    )
-    parser.add_argument(
         "--shared-gpu",
         action="store_true",
-        help="--nproc ranks sharing the first GPU (a testing mode)",
+        help="every rank on the first GPU, over gloo (a testing mode)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args()  # every argument checked before any rank starts
     use_gpu = torch.cuda.is_available()
     if args.shared_gpu and not use_gpu:
         parser.error("--shared-gpu: no CUDA GPU is visible")
-    if args.shared_gpu:  # the opt-in, and multicast off as in every shared-GPU run
-        os.environ["FAST_ULYSSES_ALLOW_SHARED_GPU"] = "1"
-        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    world_size = args.nproc if args.shared_gpu or not use_gpu else min(torch.cuda.device_count(), 8)
+    world_size = _launch.world_size(parser, args, CPU_RANKS, shared_gpu=args.shared_gpu)
     problem = check(args, world_size, use_gpu)
     if problem:
         parser.error(problem)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            mp.spawn(
-                worker,
-                args=(world_size, os.path.join(tmp, "store"), use_gpu, args),
-                nprocs=world_size,
-                join=True,
-            )
-        except mp.ProcessRaisedException as error:
-            print(error, file=sys.stderr)
-            return 1
-        except mp.ProcessExitedException:
-            return 1
-    return 0
+    return _launch.launch(block, args, world_size, shared_gpu=args.shared_gpu)
 
 
 if __name__ == "__main__":

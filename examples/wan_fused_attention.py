@@ -8,21 +8,19 @@ unsharded in one process.
 
 With GPUs: one rank per GPU (up to 8) over NCCL, UlyssesGroup where make_group picks it (the
 fused kernel). Without a GPU: 3 CPU ranks over gloo, TorchUlyssesGroup (the same math unfused).
+Under torchrun it runs on the ranks torchrun launched.
 12 heads and a sequence the rank count does not divide: uneven splits throughout.
 
-    python examples/wan_fused_attention.py [--ranks P]
+    python examples/wan_fused_attention.py [--nproc P]
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 
+import _launch  # how every example starts its ranks (examples/_launch.py)
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import fast_ulysses as fu
@@ -30,6 +28,7 @@ from fast_ulysses.fused import norm_rope_reference
 from fast_ulysses.presets import even_splits
 
 HEADS, HEAD_DIM, BATCH, SEQ, EPS = 12, 64, 1, 101, 1e-6
+CPU_RANKS = 3  # without a GPU
 
 
 def block_inputs(dtype):
@@ -56,16 +55,8 @@ def one_process(dtype):
     return attention(norm_rope_reference(q, wq, **rope), norm_rope_reference(k, wk, **rope), v)
 
 
-def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
-    dist.init_process_group(
-        "nccl" if use_gpu else "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world_size,
-    )
-    device = torch.device("cuda", rank) if use_gpu else torch.device("cpu")
-    if use_gpu:
-        torch.cuda.set_device(device)
+def block(rank: int, world_size: int, device: torch.device, args) -> bool:
+    use_gpu = device.type == "cuda"
     dtype = torch.bfloat16 if use_gpu else torch.float32
     group = fu.make_group(dist.group.WORLD, initial_pool_bytes=64 << 20)
     seq = even_splits(SEQ, world_size)
@@ -104,52 +95,12 @@ def worker(rank: int, world_size: int, store: str, use_gpu: bool) -> None:
             f"{dtype}: max |sharded - one process| = {worst.item():.2e} "
             f"(tolerance {tolerance:g}): {'ok' if worst.item() <= tolerance else 'FAILED'}"
         )
-    # Every rank past its last collective before any tears its process group down: a rank
-    # exiting while a peer's gloo transfer is still in flight can abort that peer at exit.
-    dist.barrier()
     group.destroy()
-    dist.destroy_process_group()
-    # Leave without interpreter finalization: gloo work that outlives the process group can
-    # abort a spawned process at exit ("terminate called without an active exception", seen in
-    # CI after every check had passed).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if worst.item() <= tolerance else 1)
-
-
-def rank_count(text: str) -> int:
-    """An argparse type: a rank count, 1 to 8 (one node)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (e.g. 3)") from None
-    if not 1 <= value <= 8:
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: it must be in [1, 8] (e.g. 3)")
-    return value
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--ranks",
-        type=rank_count,
-        default=None,
-        help="ranks, 1 to 8 (default: one per GPU up to 8, or 3 CPU ranks)",
-    )
-    args = parser.parse_args()
-    use_gpu = torch.cuda.is_available()
-    if use_gpu and args.ranks and args.ranks > torch.cuda.device_count():
-        parser.error(
-            f"--ranks is {args.ranks}: it must be at most the "
-            f"{torch.cuda.device_count()} visible GPUs, one rank per GPU (e.g. --ranks "
-            f"{torch.cuda.device_count()})"
-        )
-    world_size = args.ranks or (min(torch.cuda.device_count(), 8) if use_gpu else 3)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(world_size, os.path.join(tmp, "store"), use_gpu), nprocs=world_size)
-    return 0
+    return worst.item() <= tolerance
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    parser = _launch.parser(__doc__.split("\n\n")[0], cpu_ranks=CPU_RANKS)
+    args = parser.parse_args()  # every argument checked before any rank starts
+    world = _launch.world_size(parser, args, cpu_ranks=CPU_RANKS)
+    sys.exit(_launch.launch(block, args, world))

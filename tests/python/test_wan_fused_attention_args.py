@@ -1,14 +1,10 @@
-"""examples/wan_fused_attention.py checks --ranks before any rank starts."""
+"""examples/wan_fused_attention.py checks --nproc before any rank starts (in this process:
+example_runner; every example's rank option is --nproc, test_examples.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wan_fused_attention.py"
+from example_runner import refuse
 
 
 @pytest.mark.parametrize(
@@ -22,17 +18,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wan_fused_attentio
     ],
 )
 def test_wan_fused_attention_refuses_a_bad_rank_count(value, message):
-    """Exit 2 with argparse's one error line naming --ranks; no rank spawned, no traceback (0
+    """Exit 2 with argparse's one error line naming --nproc; no rank spawned, no traceback (0
     is not taken as the default, and a negative count never reaches the spawn)."""
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--ranks", value],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = refuse("wan_fused_attention.py", "--nproc", value)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
     assert (
         result.stderr.strip().splitlines()[-1]
-        == f"wan_fused_attention.py: error: argument --ranks: {message}"
+        == f"wan_fused_attention.py: error: argument --nproc: {message}"
     )
