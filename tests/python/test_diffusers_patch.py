@@ -226,6 +226,8 @@ def test_the_api_snippet_runs_as_written_on_cpu_ranks(tmp_path):
     forward, on 2 CPU ranks under torchrun: before, diffusers raised ZeroDivisionError there
     (the CPU shims were only in the example). The output is within float32 rounding of one
     process, and fast-ulysses carried the Ulysses all-to-alls (4 per layer in the forward)."""
+    if not API.is_file():
+        pytest.skip("needs the checkout's docs/API.md (scripts/check_wheel.sh's copy has none)")
     script = tmp_path / "snippet.py"
     script.write_text(SNIPPET_BEFORE + api_snippet() + SNIPPET_AFTER)
     result = subprocess.run(

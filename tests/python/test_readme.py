@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
@@ -49,6 +51,10 @@ def test_the_taglines_figure_is_the_status_figure():
 def test_a_gpu_less_build_needs_what_the_build_asks_for():
     """The README says a GPU-less build needs nvcc because cmake/torch.cmake requires the CUDA
     toolkit; the default architectures it names are cmake/cuda_arch.cmake's."""
+    if not (ROOT / "cmake").is_dir():
+        pytest.skip(
+            "needs the checkout's cmake/ (scripts/check_wheel.sh's copy of the tests has none)"
+        )
     text = " ".join(README.split())
     assert "find_package(CUDAToolkit" in (ROOT / "cmake" / "torch.cmake").read_text()
     assert "CUDA toolkit (nvcc and headers)" in text and "on a machine without a GPU too" in text
