@@ -170,6 +170,12 @@ def _as_async(result: torch.Tensor) -> torch.Tensor:
     return funcol._maybe_wrap_tensor(result)
 
 
+def _window(result: torch.Tensor) -> torch.Tensor:
+    """The plain tensor a borrowed result views, without waiting (an AsyncCollectiveTensor
+    wraps it and has no storage of its own)."""
+    return result.elem if isinstance(result, funcol.AsyncCollectiveTensor) else result
+
+
 def _ready(result: torch.Tensor) -> torch.Tensor:
     """`result` as a plain tensor the caller's stream may read (waits on the device)."""
     return result.wait() if isinstance(result, funcol.AsyncCollectiveTensor) else result
@@ -420,7 +426,7 @@ class UpstreamNames:
         result = self.all_to_all_single_4d_borrowed(
             x, mode, tag, seq_splits=seq_splits, head_splits=head_splits
         )
-        if result.data_ptr() != out.data_ptr():  # a window never moves while it is large enough
+        if _window(result).data_ptr() != out.data_ptr():  # a window stays while large enough
             raise RuntimeError(f"fast-ulysses: the window of {tag!r} moved: please report this")
         return result
 
@@ -440,7 +446,6 @@ class UpstreamNames:
         result = self.all_to_all_single_4d_borrowed(
             x, mode, f"fast_ulysses.lend.{slot}", seq_splits=seq_splits, head_splits=head_splits
         )
-        window = result.elem if isinstance(result, funcol.AsyncCollectiveTensor) else result
-        lent[slot] = weakref.ref(window)
+        lent[slot] = weakref.ref(_window(result))
         self._lends = count + 1
         return result
