@@ -189,9 +189,17 @@ void forget_group(std::string group_name) {
     if (found == registry().end()) return;
     group = found->second;
   }
-  group->drain();
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  registry().erase(group_name);
+  const auto erase = [&] {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    registry().erase(group_name);
+  };  // (the group itself dies with `group`, outside the lock)
+  try {
+    group->drain();
+  } catch (...) {
+    erase();  // a key never freed would hold its windows for good
+    throw;
+  }
+  erase();
 }
 
 std::tuple<std::vector<std::string>, std::vector<int64_t>> group_stats(std::string group_name) {

@@ -379,8 +379,10 @@ void UlyssesGroup::quiesce() {
 
 void UlyssesGroup::drain() {
   c10::cuda::CUDAGuard guard(device_);
-  FU_CUDA_CHECK(cudaStreamSynchronize(comm_));
-  FU_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device_.index()).stream()));
+  // The whole device, not the current stream: a call's work may sit on any stream it was made
+  // from (a cached graph run on the caller's stream, a borrowed call's own share), and the
+  // thread draining (a collected group's finalizer, say) need not be the one that made them.
+  FU_CUDA_CHECK(cudaDeviceSynchronize());
   prune_works();  // every deferred join is done now: none is left in c10d's registry
 }
 

@@ -92,7 +92,7 @@ class UlyssesGroup {
   // still be writing into this rank's memory when it is freed; then takes every result's Work
   // that was never waited for out of c10d's registry (nothing is left in flight).
   void quiesce();
-  // The local half of quiesce(): this rank's streams synchronized and its deferred joins pruned,
+  // The local half of quiesce(): this rank's device synchronized and its deferred joins pruned,
   // with no process-group barrier (for a group dropped without destroy()).
   void drain();
 

@@ -26,6 +26,7 @@ from .upstream import (
     as_device,
     check_upstream_options,
     check_use_tma,
+    is_device_argument,
     nvlink_refusal,
 )
 from .validation import check_barrier
@@ -83,10 +84,15 @@ class UlyssesGroup(UpstreamNames):
         decision: Decision | None = None,
         topology=None,
     ):
-        if isinstance(initial_pool_bytes, torch.device) and device is None:
+        if is_device_argument(initial_pool_bytes) and device is None:
             initial_pool_bytes, device = 0, initial_pool_bytes
         initial_pool_bytes = as_pool_bytes(initial_pool_bytes)  # arguments before the machine
         check_upstream_options(device, require_nvlink, backend)
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise FastUlyssesError(
+                f"process_group is {process_group!r}: it must be a torch.distributed "
+                "ProcessGroup, or None for the default group"
+            )
         blocker = self._local_blocker(device)
         if blocker:
             raise RuntimeError(blocker)
@@ -113,8 +119,10 @@ class UlyssesGroup(UpstreamNames):
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
+        while _unforgotten:  # (outside any capture: construction allocates)
+            ops.forget_group(_unforgotten.pop())
         self.group_name = ops.create_group(self.group_name, self.device.index, initial_pool_bytes)
-        self._forget = weakref.finalize(self, ops.forget_group, self.group_name)
+        self._forget = weakref.finalize(self, _forget, self.group_name)
         self._forget.atexit = False  # at exit the process's CUDA state goes anyway
         if self._debug:  # the backward (autograd.py) checks its calls through this group
             register_debugged(self)
@@ -129,6 +137,10 @@ class UlyssesGroup(UpstreamNames):
             return "UlyssesGroup needs a CUDA GPU; none is visible (use TorchUlyssesGroup or make_group)"
         if not dist.is_initialized():
             return "UlyssesGroup needs torch.distributed: call dist.init_process_group first"
+        if device is not None:
+            device = as_device(device)
+            if device.type != "cuda" or (device.index or 0) >= torch.cuda.device_count():
+                return f"device={device}: not one of this process's {torch.cuda.device_count()} CUDA devices"
         return ""
 
     # -- the collectives -------------------------------------------------------------------
@@ -403,6 +415,20 @@ class UlyssesGroup(UpstreamNames):
             raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
         if device:
             ops.check_device(self.group_name, x)
+
+
+_unforgotten: list[str] = []  # groups collected during a CUDA-graph capture
+
+
+def _forget(key: str) -> None:
+    """A collected group's finalizer: `forget_group` drains the device, which a capture forbids,
+    so a group collected during one is forgotten at the next group's construction instead."""
+    if torch.cuda.is_current_stream_capturing():
+        _unforgotten.append(key)
+        return
+    while _unforgotten:
+        ops.forget_group(_unforgotten.pop())
+    ops.forget_group(key)
 
 
 def _check_decision(

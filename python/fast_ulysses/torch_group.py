@@ -37,7 +37,13 @@ from .errors import FastUlyssesError, public, refused
 from .plan import Plan
 from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision
-from .upstream import UpstreamNames, as_device, check_upstream_options, check_use_tma
+from .upstream import (
+    UpstreamNames,
+    as_device,
+    check_upstream_options,
+    check_use_tma,
+    is_device_argument,
+)
 from .validation import check_barrier, plan_call, window_bytes_by_tag
 
 
@@ -118,7 +124,7 @@ class TorchUlyssesGroup(UpstreamNames):
                 "TorchUlyssesGroup needs torch.distributed initialised: call "
                 "torch.distributed.init_process_group first"
             )
-        if isinstance(initial_pool_bytes, torch.device) and device is None:
+        if is_device_argument(initial_pool_bytes) and device is None:
             initial_pool_bytes, device = 0, initial_pool_bytes
         as_pool_bytes(initial_pool_bytes)
         check_upstream_options(device, require_nvlink, backend)
@@ -502,11 +508,14 @@ def _check_out(out, x: torch.Tensor, p: Plan) -> None:
             f"out (shape {list(out.shape)}, strides {list(out.stride())}) "
             "is not contiguous: out must be a contiguous tensor"
         )
+    # x's span, as the fast path's byte_range: a strided x (a packed view) reaches further than
+    # numel elements.
     size = x.element_size()
+    x_end = x.data_ptr() + (sum((n - 1) * st for n, st in zip(x.shape, x.stride())) + 1) * size
     if (
         out.numel()
         and x.numel()
-        and out.data_ptr() < x.data_ptr() + x.numel() * size
+        and out.data_ptr() < x_end
         and x.data_ptr() < out.data_ptr() + out.numel() * size
     ):
         raise FastUlyssesError(

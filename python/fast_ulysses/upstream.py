@@ -14,7 +14,6 @@ fast group and on the torch fallback alike.
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -42,8 +41,10 @@ def supports_world_size(world_size) -> bool:
 
 
 def supports_dtype(dtype) -> bool:
-    """True for a dtype the all-to-alls move (the groups' own rule: any 1-, 2- or 4-byte dtype
-    that is not complex or bool)."""
+    """True for a torch.dtype the all-to-alls move (the groups' own rule: any 1-, 2- or 4-byte
+    dtype that is not complex or bool); False for anything else."""
+    if not isinstance(dtype, torch.dtype):
+        return False
     try:
         _element_size(dtype)
     except FastUlyssesError:
@@ -67,15 +68,23 @@ def check_backend(backend) -> None:
 def as_device(device) -> torch.device:
     """`device` (a torch.device, a str such as "cuda:1", or a CUDA device index) as a
     torch.device."""
-    if type(device) is int:
-        return torch.device("cuda", device)
     try:
+        if type(device) is int:
+            if device < 0:
+                raise RuntimeError("negative index")
+            return torch.device("cuda", device)
         return torch.device(device)
     except (TypeError, RuntimeError):
         raise FastUlyssesError(
             f"device={device!r}: it must be a torch.device, a str such as 'cuda:1', a CUDA "
             "device index or None"
         ) from None
+
+
+def is_device_argument(value) -> bool:
+    """A torch.device, or a str naming a CUDA device: what the upstream passes second, where
+    the groups take initial_pool_bytes (an int there stays bytes)."""
+    return isinstance(value, torch.device) or (isinstance(value, str) and value.startswith("cuda"))
 
 
 def check_upstream_options(device, require_nvlink, backend) -> None:
@@ -160,6 +169,16 @@ def _rope_style(interleaved) -> str:
     if type(interleaved) is not bool:
         raise FastUlyssesError(f"interleaved={interleaved!r}: it must be True or False")
     return "interleaved" if interleaved else "half"
+
+
+def _on_device(device):
+    """`torch.cuda.device(device)` for a CUDA device, else a context that does nothing."""
+    import contextlib
+
+    if device is None or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    device = as_device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _as_async(result: torch.Tensor) -> torch.Tensor:
@@ -291,7 +310,9 @@ class UpstreamNames:
             )
             return None
         blockers = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(blockers, cls._local_blocker(device), group=process_group)
+        blocker = cls._local_blocker(device)
+        with _on_device(None if blocker else device):  # (NCCL gathers on the current device)
+            dist.all_gather_object(blockers, blocker, group=process_group)
         why = "; ".join(f"rank {r}: {b}" for r, b in enumerate(blockers) if b)
         if not why:
             try:
@@ -407,7 +428,7 @@ class UpstreamNames:
         outputs = self.__dict__.get("_output_tags")
         if not outputs or not isinstance(out, torch.Tensor):
             return None
-        return outputs.get(out.data_ptr())
+        return outputs.get(_window(out).data_ptr())
 
     def _into_output(self, x, mode, out, tag, seq_splits, head_splits):
         """The borrowed call on the tag whose window `out` is: the peers write into `out`."""
@@ -432,20 +453,39 @@ class UpstreamNames:
 
     def _lend(self, x, mode, seq_splits, head_splits):
         """The borrowed call on the next of the `LEND_WINDOWS` lend tags, in rotation, refused
-        while that window's previous result (or a view of it) is still alive."""
+        while any tensor still holds that window's previous result (`_LentWindow`)."""
         lent = self.__dict__.setdefault("_lent", [None] * LEND_WINDOWS)
         count = self.__dict__.get("_lends", 0)
         slot = count % LEND_WINDOWS
-        if lent[slot] is not None and lent[slot]() is not None:
+        if lent[slot] is not None and lent[slot].alive():
             raise FastUlyssesError(
-                f"all_to_all_4d_async(lend=True): {LEND_WINDOWS} lent results are alive, and "
-                f"the next lend reuses the window of the oldest: drop it (and its views) first, "
-                "or call with lend=False (a result you own). Every rank must drop lent results "
-                "at the same point of its program"
+                f"all_to_all_4d_async(lend=True): the next lend reuses window {slot} of "
+                f"{LEND_WINDOWS}, whose result from {LEND_WINDOWS} lends ago is still held (by "
+                "it, a view, a detach() or .data of it): drop those first, or call with "
+                "lend=False (a result you own). Every rank must drop lent results at the same "
+                "point of its program (a rank refusing alone leaves its peers waiting in the call)"
             )
         result = self.all_to_all_single_4d_borrowed(
             x, mode, f"fast_ulysses.lend.{slot}", seq_splits=seq_splits, head_splits=head_splits
         )
-        lent[slot] = weakref.ref(_window(result))
+        lent[slot] = _LentWindow(_window(result))
         self._lends = count + 1
         return result
+
+
+class _LentWindow:
+    """Whether any tensor still uses a lent result's memory: its storage's count of users, above
+    what it was with the result alone (every view, detach() and .data shares the storage, and a
+    window is a storage of its own). Holds the storage, never a tensor."""
+
+    def __init__(self, result: torch.Tensor):
+        self._storage = result.untyped_storage()
+        # Everything but the result (the pool, this object): the result is one user, and one
+        # more where it is a view whose base only it keeps (a fallback's permuted receive buffer).
+        self._others = self._users() - (1 if result._base is None else 2)
+
+    def _users(self) -> int:
+        return torch._C._storage_Use_Count(self._storage._cdata)
+
+    def alive(self) -> bool:
+        return self._users() > self._others

@@ -51,6 +51,7 @@ def test_module_level_names():
         True,
     ]
     assert not any(fu.supports_dtype(t) for t in (torch.float64, torch.bool, torch.complex64))
+    assert not any(fu.supports_dtype(t) for t in (2, 3, 8, "bf16", None))  # a torch.dtype only
 
 
 def test_nvlink_matrix_without_nvml_answers_none_or_a_full_matrix():
@@ -70,7 +71,13 @@ def test_constructor_options_are_checked_by_name(world1):
             Group(world1, require_nvlink=1)
         with pytest.raises(fu.FastUlyssesError, match="device='nope'"):
             Group(world1, device="nope")
+        with pytest.raises(fu.FastUlyssesError, match="device=-1"):
+            Group(world1, device=-1)
         assert Group(world1, torch.device("cpu")).device == torch.device("cpu")
+        assert Group(world1, "cuda:1").device == torch.device("cuda", 1)  # the upstream's order
+        assert Group(world1, 4096).device is None  # an int second is initial_pool_bytes
+    with pytest.raises(fu.FastUlyssesError, match="process_group is 3"):
+        fu.UlyssesGroup(3)
     with pytest.raises(RuntimeError, match="backend='packed'"):  # before the GPU check
         fu.UlyssesGroup(world1, backend="packed")
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import warnings
 
 import torch
 from multirank import parse_shared_gpu_only, run_on_subgroups
@@ -119,6 +120,25 @@ def vllm_omni(c: Ctx) -> None:
     gc.collect()
     again = g.all_to_all_4d_async(c.mine(xs2), mode=0, lend=True)
     c.expect("lend after the others were dropped", again.wait(), fu.simulate(xs2, 0)[c.rank])
+    # A detach() or .data of a lent result holds its window as much as the result does.
+    kept = [again.wait().detach()] + [
+        g.all_to_all_4d_async(c.mine(xs), mode=0, lend=True).wait().data for _ in range(3)
+    ]
+    del again
+    gc.collect()
+    c.refused(
+        "a lend whose window a detach() holds",
+        lambda: g.all_to_all_4d_async(c.mine(xs), lend=True),
+        "lend",
+    )
+    c.expect("the detached lent result", kept[0], fu.simulate(xs2, 0)[c.rank])
+    del kept
+    gc.collect()
+    c.expect(
+        "lend after the detached ones went",
+        g.all_to_all_4d_async(c.mine(xs), lend=True).wait(),
+        want[c.rank],
+    )
     g.destroy()
 
 
@@ -220,6 +240,14 @@ def sglang_h3(c: Ctx) -> None:
     H, T = 2 * c.P, S_LOCAL
     assert fu.supports_world_size(c.P) and c.P in tuple(fu.SUPPORTED_WORLD_SIZES)
     assert fu.supports_dtype(DTYPE) and not fu.supports_dtype(torch.float64)
+    if c.fast:  # a device only some ranks lack: every rank votes None (none is left waiting)
+        bad = torch.device("cuda", torch.cuda.device_count()) if c.rank == c.P - 1 else c.device
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert c.Group.create(process_group=c.pg, device=bad) is None, "create() built a group"
+        assert any("unavailable" in str(w.message) for w in caught), [
+            str(w.message) for w in caught
+        ]
     native = c.Group.create(process_group=c.pg, device=c.device)
     assert native is not None, "create() returned None"
     assert native.world_size == c.P and isinstance(native.backend, str), native.backend

@@ -229,7 +229,7 @@ def worker(args) -> dict | None:
         device=device,
         iters=args.iters,
         warmup=args.warmup,
-        fast=fu.UlyssesGroup(dist.group.WORLD, 0),
+        fast=fu.UlyssesGroup(dist.group.WORLD, 0, require_nvlink=False),  # (PCIe too)
         gemm_size=args.gemm_size,
         gemms=args.gemms,
         overlap_repeats=args.overlap_repeats,

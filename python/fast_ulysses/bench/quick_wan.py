@@ -137,7 +137,8 @@ def main() -> None:
     rank, P = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", 0 if args.shared_gpu else rank)
     torch.cuda.set_device(device)
-    group = fu.UlyssesGroup(dist.group.WORLD, 256 << 20)
+    # (make_group: it judges the links itself, in this tree and in older ones ab runs)
+    group = fu.make_group(dist.group.WORLD, 256 << 20, prefer="fast")
     tokens, heads = 75_600, 40
     seq, hsplit = even_splits(tokens, P), even_splits(heads, P)
     x = torch.randn(1, seq[rank], heads, 128, dtype=torch.bfloat16, device=device)
