@@ -468,21 +468,22 @@ class UpstreamNames:
         result = self.all_to_all_single_4d_borrowed(
             x, mode, f"fast_ulysses.lend.{slot}", seq_splits=seq_splits, head_splits=head_splits
         )
-        lent[slot] = _LentWindow(_window(result))
+        lent[slot] = _LentWindow(_window(result), pool_owned=not self.fallback)
         self._lends = count + 1
         return result
 
 
 class _LentWindow:
-    """Whether any tensor still uses a lent result's memory: its storage's count of users, above
-    what it was with the result alone (every view, detach() and .data shares the storage, and a
-    window is a storage of its own). Holds the storage, never a tensor."""
+    """Whether any tensor still uses a lent result's memory: its storage's count of users
+    beyond the owners that are not tensors (every view, detach() and .data shares the storage,
+    and a window is a storage of its own). Holds the storage, never a tensor. The owners: this
+    record, and on the fast group the window's own handle in the pool. (Counted as constants,
+    not read at the call: a reference the call leaves behind for a while, a collective's work
+    say, would otherwise raise the bar and let a held result's window be reused.)"""
 
-    def __init__(self, result: torch.Tensor):
+    def __init__(self, result: torch.Tensor, pool_owned: bool):
         self._storage = result.untyped_storage()
-        # Everything but the result (the pool, this object): the result is one user, and one
-        # more where it is a view whose base only it keeps (a fallback's permuted receive buffer).
-        self._others = self._users() - (1 if result._base is None else 2)
+        self._others = 2 if pool_owned else 1
 
     def _users(self) -> int:
         return torch._C._storage_Use_Count(self._storage._cdata)
