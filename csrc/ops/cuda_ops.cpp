@@ -1,6 +1,7 @@
 // CUDA implementations of the collectives and the group-management ops declared in
-// schemas.cpp. The groups live in a registry keyed by the c10d group name, which is how the ops
-// (and torch.compile graphs) refer to them.
+// schemas.cpp. The groups live in a registry keyed by each group's key (group_key.h: the c10d
+// group name, suffixed for a second group on one process group), which is how the ops (and
+// torch.compile graphs) refer to them.
 #include <ATen/ATen.h>
 #include <c10/util/MaybeOwned.h>
 #include <torch/library.h>
