@@ -23,6 +23,7 @@ from .torch_group import TorchUlyssesGroup
 from .upstream import (
     SUPPORTED_WORLD_SIZES,
     AsyncHandle,
+    CompletedTensor,
     norm_rope,
     nvlink_matrix,
     supports_dtype,
@@ -35,6 +36,7 @@ register_op_autograd()
 __all__ = [
     "__version__",
     "AsyncHandle",
+    "CompletedTensor",
     "SUPPORTED_WORLD_SIZES",
     "CallSpec",
     "CopyDescriptor",

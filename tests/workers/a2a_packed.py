@@ -77,7 +77,9 @@ def check_copies(checker) -> str:
         want = fu.simulate(xs, 0, **splits)[rank]
         for packing in ("contiguous", "qkv_view", "transposed"):
             view = x if packing == "contiguous" else packed_views.packed(x, layout, packing)
-            assert packed_views.moves_as_it_stands(x, layout, packing) == (packing != "transposed")
+            assert packed_views.moves_as_it_stands(x, layout, packing) == (
+                packing != "transposed"
+            ), f"rank {rank}: {layout} {packing}: the test's own prediction of the stride rule"
             results = []
 
             def call(view=view, results=results):

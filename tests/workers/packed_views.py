@@ -70,7 +70,7 @@ def packed(x: torch.Tensor, layout: str, packing: str, which: int = 1) -> torch.
 def moves_as_it_stands(x: torch.Tensor, layout: str, packing: str) -> bool:
     """Whether the fast path reads `packed(x, layout, packing)` with no copy (plan.h's rule for
     these packings; the C++ tests hold the rule itself)."""
-    if packing in REGULAR or x.numel() == 0:
+    if packing in REGULAR or packing == "contiguous" or x.numel() == 0:
         return True
     b_dim, s_dim, h_dim = DIMS[layout]
     other = b_dim if layout == "sbhd" else h_dim
