@@ -259,9 +259,10 @@ class UpstreamNames:
     def all_to_all_4d_async(
         self, x, mode=0, *, out=None, seq_splits=None, head_splits=None, lend=False
     ):
-        """`all_to_all_4d` with the result as an AsyncCollectiveTensor (its `.wait()`, or its
-        first use, makes the stream wait). lend=True returns one of `LEND_WINDOWS` windows of
-        the group in rotation (no copy-out); one more alive at once raises."""
+        """`all_to_all_4d` whose result has a `.wait()`: an AsyncCollectiveTensor where the
+        transfer is in flight (its wait, or its first use, makes the stream wait), a
+        CompletedTensor where it is ready already. lend=True returns one of `LEND_WINDOWS`
+        windows of the group in rotation (no copy-out); one more alive at once raises."""
         if type(lend) is not bool:
             raise FastUlyssesError(f"lend={lend!r}: it must be True or False")
         if lend:
