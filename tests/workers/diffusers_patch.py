@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import functools
 import logging
 import os
 import sys
@@ -67,22 +68,15 @@ def cpu_shims() -> None:
 
 def gloo_gather_shim() -> None:
     """diffusers' ulysses_anything sharder gathers the output with dist.all_gather of tensors of
-    different sizes, which NCCL accepts and gloo refuses: on gloo (these tests), pad each to
-    the largest and cut after. The sharder's gather, not the attention's all-to-all."""
+    different sizes, which NCCL accepts and gloo refuses: on gloo (these tests), the library's
+    padded gather (what patch_diffusers applies, and unpatch removes), here for the whole run,
+    unpatched checks included. The sharder's gather, not the attention's all-to-all."""
     from diffusers.hooks import context_parallel
-    from diffusers.models._modeling_parallel import gather_size_by_comm
 
-    def all_gather_anything(tensor, dim, group):
-        tensor = tensor.contiguous()
-        sizes = gather_size_by_comm(tensor.shape[dim], group)
-        pad = list(tensor.shape)
-        pad[dim] = max(sizes) - tensor.shape[dim]
-        padded = torch.cat([tensor, tensor.new_zeros(pad)], dim)
-        parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded, group=group)
-        return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim)
+    from fast_ulysses.integrations.diffusers import _padded_all_gather_anything
 
-    context_parallel._all_gather_anything = all_gather_anything
+    original = context_parallel._all_gather_anything
+    context_parallel._all_gather_anything = functools.partial(_padded_all_gather_anything, original)
 
 
 def gloo_cuda_gather_shim() -> None:
