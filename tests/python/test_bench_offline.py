@@ -390,7 +390,7 @@ def test_slowest_keeps_an_overlap_record_whole_and_the_agreed_error():
 
 
 def test_first_error_names_the_first_failing_rank():
-    from fast_ulysses.bench.stages import first_error
+    from fast_ulysses.bench.timing import first_error
 
     assert first_error([None, None]) is None
     assert first_error([None, "ValueError: x", "RuntimeError: y"]) == "rank 1: ValueError: x"
@@ -660,3 +660,40 @@ def test_bench_checks_the_pipeline_against_the_heads():
     ), problem
     assert bench.check(_args(preset="wan-720p", pipeline=5, nproc=8), 8) == ""
     assert bench.check(_args(preset="wan-720p", pipeline=6, nproc=8, modes="1"), 8) == ""
+
+
+def _bench_imports() -> dict:
+    """Each fast_ulysses.bench module -> the bench modules it imports (at the top or inside a
+    function: either one makes the modules depend on each other)."""
+    import ast
+    from pathlib import Path
+
+    import fast_ulysses.bench
+
+    folder = Path(fast_ulysses.bench.__file__).parent
+    names = {p.stem for p in folder.glob("*.py")} - {"__init__", "__main__"}
+    graph = {}
+    for name in names:
+        deps = set()
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module in names:
+                    deps.add(node.module)
+                deps.update(a.name for a in node.names if node.module is None and a.name in names)
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_bench_modules_import_each_other_one_way_only():
+    """No two bench modules import each other, directly or through others (a circle means a
+    reader following a call comes back to a module already left)."""
+    graph = _bench_imports()
+    assert graph["stages"] and graph["attention"]  # the walk sees relative imports
+
+    def reaches(start, goal, seen=()):
+        return any(
+            d == goal or (d not in seen and reaches(d, goal, (*seen, d))) for d in graph[start]
+        )
+
+    circles = sorted(name for name in graph if reaches(name, name))
+    assert circles == [], f"bench modules in an import circle: {circles}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .timing import median_ms
+from .timing import first_error, median_ms
 
 TAGS = ("bench.attn.q", "bench.attn.k", "bench.attn.v", "bench.attn.o")
 MAX_ITERS, MAX_WARMUP = 10, 2  # one call is a whole attention: fewer than the collectives'
@@ -31,7 +31,6 @@ def run_attention(case, ctx, x: torch.Tensor) -> dict:
     MAX_ITERS), the largest output difference, or the error every rank agreed on (a refused
     G or a failed call: every rank skips the timing)."""
     from ..attention import UlyssesAttention
-    from .stages import first_error
 
     G = ctx.pipeline
     q, k, v = attention_inputs(x)

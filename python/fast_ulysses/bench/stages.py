@@ -17,7 +17,16 @@ import torch.distributed as dist
 
 from .. import plan as make_plan
 from ..plan import input_shape
-from .timing import capture, chain_length, host_us, median_ms, on_side, overlap, smaller_gemm
+from .timing import (
+    capture,
+    chain_length,
+    first_error,
+    host_us,
+    median_ms,
+    on_side,
+    overlap,
+    smaller_gemm,
+)
 
 
 @dataclass
@@ -150,14 +159,6 @@ def measure_overlap(ctx, collective) -> dict:
     o = overlap(gemm_chain(ctx.device, size, count), collective, it, wu, ctx.overlap_repeats)
     o.update(gemm_size=size, gemms=count, target_ms=target)
     return o
-
-
-def first_error(errors: list) -> str | None:
-    """The first rank's error among every rank's (None: every rank succeeded)."""
-    for rank, error in enumerate(errors):
-        if error is not None:
-            return f"rank {rank}: {error}"
-    return None
 
 
 def _agreed_error(error: str | None) -> str | None:

@@ -184,3 +184,11 @@ def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph, stream=side):
         fn()
     return graph
+
+
+def first_error(errors: list) -> str | None:
+    """The first rank's error among every rank's (None: every rank succeeded)."""
+    for rank, error in enumerate(errors):
+        if error is not None:
+            return f"rank {rank}: {error}"
+    return None
