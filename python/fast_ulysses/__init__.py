@@ -18,6 +18,7 @@ from .factory import UlyssesGroupLike, make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
+from .ring import ring_attention
 from .tags import auto_tag, backward_tag
 from .torch_group import TorchUlyssesGroup
 from .upstream import (
@@ -50,6 +51,7 @@ __all__ = [
     "plan",
     "qk_norm_rope_all_to_all",
     "qk_norm_rope_all_to_all_qk",
+    "ring_attention",
     "simulate",
     "TorchUlyssesGroup",
     "UlyssesGroup",

@@ -15,6 +15,7 @@ from .errors import FastUlyssesError, refused
 from .factory import UlyssesGroupLike
 from .head_groups import check_pipeline, expand_kv, head_groups, kv_send, q_send
 from .plan import LAYOUTS, cached_plan, plan
+from .ring import ring_attention
 
 # One group per ProcessGroup, built by make_group on first use (a collective: every rank of
 # the process group reaches its first use at the same call, by the ordering contract).
@@ -83,6 +84,14 @@ class UlyssesAttention(torch.nn.Module):
             `AsyncCollectiveTensor`s) the copy engines move one group while the SMs attend to
             another. Every call is owned. G must be at most the largest per-rank q head count
             (checked per call).
+        ring_group: a torch ProcessGroup over which the sequence is also split in ring blocks
+            (Ulysses x Ring, "USP"), or None: the group's own `ring_group` attribute where it
+            has one (`make_group` on a mesh or a pair of groups), else no ring. A ring of one
+            rank is no ring (today's calls, unchanged). With a ring, the Ulysses calls are the
+            same; attention is `fast_ulysses.ring_attention` over the ring, each rank's q over
+            every ring rank's k and v; attn_fn, if given, must return (out, lse). The ranks of
+            one ring hold the same Ulysses position (they must get the same heads: the same
+            head_splits; checked on the first ring step, on every rank).
 
     `forward(q, k, v, *, seq_splits=None, head_splits=None, layout="bshd")` takes this rank's
     sequence shards (bshd: (b, seq_splits[r], N, d)); k and v have one shape, q's or q's with
@@ -111,6 +120,7 @@ class UlyssesAttention(torch.nn.Module):
         tags: tuple[str, str, str, str] = ("fu.attn.q", "fu.attn.k", "fu.attn.v", "fu.attn.o"),
         *,
         pipeline: int = 1,
+        ring_group=None,
     ):
         super().__init__()
         if attn_fn is not None and not callable(attn_fn):
@@ -122,6 +132,13 @@ class UlyssesAttention(torch.nn.Module):
         self.attn_fn = attn_fn if attn_fn is not None else F.scaled_dot_product_attention
         self.tags = check_tags(tags, ("q", "k", "v", "output"))
         self.pipeline = check_pipeline(pipeline)
+        if ring_group is not None and not isinstance(ring_group, dist.ProcessGroup):
+            raise FastUlyssesError(
+                f"ring_group is a {type(ring_group).__name__}: it must be a torch.distributed "
+                "ProcessGroup or None (the group's own ring_group, if any)"
+            )
+        self.ring_group = ring_group
+        self._ring_attn_fn = attn_fn  # ring_attention's: None is its LSE-returning kernels
 
     def forward(
         self,
@@ -139,6 +156,10 @@ class UlyssesAttention(torch.nn.Module):
         kv_heads = _check_qkv(q, k, v, layout)
         seq_splits = as_splits(seq_splits, "seq_splits")  # once: an iterator is read once
         head_splits = as_splits(head_splits, "head_splits")
+        ring = self._ring(group)
+        if ring is not None:
+            _check_ring_heads(group, q, layout, head_splits)
+            return self._grouped(group, q, k, v, kv_heads, seq_splits, head_splits, layout, ring)
         if kv_heads is not None or self.pipeline > 1:
             return self._grouped(group, q, k, v, kv_heads, seq_splits, head_splits, layout)
         kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
@@ -158,9 +179,18 @@ class UlyssesAttention(torch.nn.Module):
         o = o.permute(back).contiguous()
         return group.all_to_all_single_4d(o, 1, self.tags[3], **kw)
 
-    def _grouped(self, group, q, k, v, kv_heads, seq_splits, head_splits, layout):
-        """Grouped-query k and v, or a pipeline: the calls of every `HeadGroup` in turn, each
-        group's input calls issued before the previous group's attention."""
+    def _ring(self, group):
+        """The ring group of this call, or None for none (or one of a single rank)."""
+        ring = (
+            self.ring_group if self.ring_group is not None else getattr(group, "ring_group", None)
+        )
+        if ring is None or dist.get_world_size(ring) == 1:
+            return None
+        return ring
+
+    def _grouped(self, group, q, k, v, kv_heads, seq_splits, head_splits, layout, ring=None):
+        """Grouped-query k and v, a pipeline or a ring: the calls of every `HeadGroup` in turn,
+        each group's input calls issued before the previous group's attention."""
         q, k, v = (t.contiguous() for t in (q, k, v))
         splits = _q_splits(group, q, seq_splits, head_splits, layout)
         h = layout.index("h")  # the plan accepted the layout
@@ -200,7 +230,11 @@ class UlyssesAttention(torch.nn.Module):
         outs, pending = [], send(groups[0])
         for g, hg in enumerate(groups):
             after = send(groups[g + 1]) if g + 1 < len(groups) else None
-            o = self._attend(hg, group.rank, *(t.permute(order) for t in pending))
+            heads = (t.permute(order) for t in pending)
+            if ring is None:
+                o = self._attend(hg, group.rank, *heads)
+            else:
+                o = self._attend_ring(hg, group.rank, ring, *heads)
             outs.append(
                 group.all_to_all_single_4d(
                     o.permute(back).contiguous(),
@@ -222,6 +256,28 @@ class UlyssesAttention(torch.nn.Module):
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             k, v = expand_kv(k, counts), expand_kv(v, counts)
         return _call_attn(self.attn_fn, q, k, v)
+
+    def _attend_ring(self, hg, rank, ring, q, k, v):
+        """ring_attention on one group's heads: k and v keep their fewer heads where every kv
+        head of this rank serves equally many q heads, else are expanded to q's."""
+        counts = hg.counts[rank]
+        if hg.gqa and counts and not (len(set(counts)) == 1 and q.shape[1] % k.shape[1] == 0):
+            k, v = expand_kv(k, counts), expand_kv(v, counts)
+        return ring_attention(q, k, v, ring, attn_fn=self._ring_attn_fn)
+
+
+def _check_ring_heads(group, q, layout, head_splits) -> None:
+    """With a ring: q's heads, fewer than the Ulysses degree, need head_splits (before any
+    call, on every rank alike: every rank sees the same head count)."""
+    _check_layout(layout)
+    heads = q.shape[layout.index("h")]
+    if head_splits is None and heads < group.world_size:
+        raise FastUlyssesError(
+            f"q has {heads} heads, fewer than the Ulysses degree {group.world_size} (the Ulysses "
+            "group's size), and head_splits is None: pass head_splits giving some ranks no "
+            f"head (e.g. {[1] * heads + [0] * (group.world_size - heads)}), or use a smaller "
+            "Ulysses degree and a larger ring"
+        )
 
 
 def _call_attn(attn_fn, q, k, v):

@@ -1,0 +1,423 @@
+"""`ring_attention`: attention over a sequence split into blocks along a ring of ranks (the ring
+half of Ulysses x Ring, "USP"), through torch.distributed point-to-point calls.
+
+Each of the ring's R ranks holds q, k and v of its own sequence block (the same heads on every
+rank). Forward: at step t a rank holds the k/v block of ring rank (r - t) mod R; the next block's
+send/recv starts (`dist.batch_isend_irecv`) before the current block is attended, so the rotation
+overlaps attention; block outputs merge by log-sum-exp in float32. Backward: k/v rotate again,
+their dk/dv accumulators travel with them (one last shift returns each to its owner), dq stays
+local; each block's gradients come from the block kernel's backward given the GLOBAL output and
+LSE, which is the exact gradient of the whole attention.
+
+Block kernels return (out, lse): the CPU flash kernel, CUDA's memory-efficient kernel, an explicit
+matmul + logsumexp one (the reference, and the fallback for what the others refuse), or a user's
+`attn_fn(q, k, v) -> (out, lse)`, whose backward recomputes the block with grad enabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import FastUlyssesError
+
+# -- block kernels: (b, h, s, d) q, k, v of one head count -> (out, lse float32 (b, h, s_q)) -----
+
+
+class MathKernel:
+    """Explicit matmul + logsumexp in float32: any device, dtype and head dims."""
+
+    name = "math"
+
+    @staticmethod
+    def forward(q, k, v, scale):
+        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        lse = torch.logsumexp(s, dim=-1)
+        out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float())
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, scale):
+        qf, kf, vf, do = q.float(), k.float(), v.float(), dout.float()
+        p = torch.exp(torch.matmul(qf, kf.transpose(-1, -2)) * scale - lse.unsqueeze(-1))
+        dv = torch.matmul(p.transpose(-1, -2), do)
+        delta = (do * out.float()).sum(-1, keepdim=True)
+        ds = p * (torch.matmul(do, vf.transpose(-1, -2)) - delta)
+        return torch.matmul(ds, kf) * scale, torch.matmul(ds.transpose(-1, -2), qf) * scale, dv
+
+
+class CpuFlashKernel:
+    """aten's CPU flash attention (float32, bfloat16, float16; v's head dim = q's)."""
+
+    name = "cpu_flash"
+
+    @staticmethod
+    def forward(q, k, v, scale):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=None, scale=scale
+        )
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, scale):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout.to(q.dtype), q, k, v, out, lse, 0.0, False, attn_mask=None, scale=scale
+        )
+
+
+class CudaEfficientKernel:
+    """aten's CUDA memory-efficient attention (float32, bfloat16, float16). Its LSE is padded
+    along s to a multiple of 32: cut on the way out, padded again for the backward."""
+
+    name = "cuda_efficient"
+
+    @staticmethod
+    def forward(q, k, v, scale):
+        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, False, scale=scale
+        )
+        return out, lse[..., : q.shape[2]].float()
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, scale):
+        pad = -q.shape[2] % 32
+        lse = torch.nn.functional.pad(lse, (0, pad)).contiguous()
+        unused = torch.zeros((), dtype=torch.int64, device=q.device)  # philox: no dropout
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            dout.to(q.dtype), q, k, v, None, out, lse, unused, unused, 0.0,
+            [True, True, True, False], False, scale=scale,
+        )  # fmt: skip
+        return dq, dk, dv
+
+
+def default_kernel(q, v):
+    """The block kernel `attn_fn=None` uses for q and v (checked, same dtype and device)."""
+    if q.device.type == "cuda" and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return CudaEfficientKernel
+    cpu_types = (torch.float32, torch.bfloat16, torch.float16)  # (float64's LSE is float64)
+    if q.device.type == "cpu" and q.dtype in cpu_types and q.shape[3] == v.shape[3]:
+        return CpuFlashKernel
+    return MathKernel
+
+
+class UserKernel:
+    """A user's `attn_fn(q, k, v) -> (out, lse)`; its backward recomputes the block."""
+
+    name = "attn_fn"
+
+    def __init__(self, attn_fn):
+        self.attn_fn = attn_fn
+
+    def forward(self, q, k, v, scale):
+        with torch.no_grad():
+            out, lse = self._call(q, k, v)
+        return out, lse.float()
+
+    def backward(self, dout, q, k, v, out, lse, scale):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            o_i, l_i = self._call(q, k, v)
+        if not l_i.requires_grad:
+            raise FastUlyssesError(
+                "attn_fn's lse does not require grad: with a ring group, attn_fn(q, k, v) -> "
+                "(out, lse) must return an lse autograd can differentiate (the merge of ring "
+                "blocks depends on it)"
+            )
+        w = torch.exp(l_i.detach().float() - lse)
+        do = dout.float()
+        grad_o = (w.unsqueeze(-1) * do).to(o_i.dtype)
+        rows = (do * o_i.detach().float()).sum(-1) - (do * out.float()).sum(-1)
+        grad_l = (w * rows).to(l_i.dtype)
+        grads = torch.autograd.grad((o_i, l_i), (q, k, v), (grad_o, grad_l), allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v))]
+
+    def _call(self, q, k, v):
+        got = self.attn_fn(q, k, v)
+        want_o, want_l = (*q.shape[:3], v.shape[3]), tuple(q.shape[:3])
+        if (
+            isinstance(got, (tuple, list))
+            and len(got) == 2
+            and all(isinstance(t, torch.Tensor) for t in got)
+            and tuple(got[0].shape) == want_o
+            and tuple(got[1].shape) == want_l
+        ):
+            return got
+        if isinstance(got, torch.Tensor):
+            what = f"a tensor of shape {tuple(got.shape)}"
+        elif isinstance(got, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in got):
+            what = f"tensors of shapes {[tuple(t.shape) for t in got]}"
+        else:
+            what = f"a {type(got).__name__}"
+        raise FastUlyssesError(
+            f"attn_fn returned {what} for q of shape {tuple(q.shape)}: with a ring group it must "
+            f"return (out, lse), out of shape (b, h, S, d_v) = {want_o} and lse of shape "
+            f"(b, h, S) = {want_l} (the log-sum-exp of each row's scores)"
+        )
+
+
+def _expand(t, ratio):
+    """(b, h_kv, s, d) -> (b, h_kv * ratio, s, d), kv head c serving q heads c*ratio.."""
+    if ratio == 1:
+        return t
+    b, h, s, d = t.shape
+    return t.unsqueeze(2).expand(b, h, ratio, s, d).reshape(b, h * ratio, s, d)
+
+
+def _reduce(t, ratio):
+    if ratio == 1:
+        return t
+    b, h, s, d = t.shape
+    return t.view(b, h // ratio, ratio, s, d).sum(2)
+
+
+def _empty(q, k):
+    return 0 in q.shape or 0 in k.shape[1:3]
+
+
+# -- the ring -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ring:
+    """This rank's place in the ring: its index, the global ranks it sends to and receives
+    from, every ring rank's k/v block length, and whether gloo carries CUDA tensors (through
+    the host: gloo's send and recv take CPU tensors)."""
+
+    group: object
+    rank: int
+    size: int
+    send_to: int
+    recv_from: int
+    kv_lens: tuple
+    staged: bool
+
+    def block(self, t: int) -> int:
+        """The ring rank whose k/v block this rank holds at step t."""
+        return (self.rank - t) % self.size
+
+
+def _ring(group, q, k, v) -> Ring:
+    """The ring of `group` for q, k, v; gathers every ring rank's shapes (one all_gather) and
+    refuses, on every rank alike, ranks that disagree on anything but sequence lengths."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    gloo = dist.get_backend(group) == "gloo"
+    dev = torch.device("cpu") if gloo else q.device
+    mine = [q.shape[0], q.shape[1], k.shape[1], q.shape[3], v.shape[3], q.shape[2], k.shape[2]]
+    mine.append(_DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1)
+    meta = torch.tensor(mine, dtype=torch.int64, device=dev)
+    every = [torch.empty_like(meta) for _ in range(size)]
+    dist.all_gather(every, meta, group=group)
+    rows = [t.tolist() for t in every]
+    for j, row in enumerate(rows):
+        if row[:5] != rows[0][:5] or row[7] != rows[0][7]:
+            raise FastUlyssesError(
+                f"ring_group: ring rank {j} holds (b, h_q, h_kv, d, d_v, dtype) = "
+                f"{_describe(row)} but ring rank 0 holds {_describe(rows[0])}: every rank of a "
+                "ring must hold the same batch, heads, head dims and dtype (the same Ulysses "
+                "position and head_splits); only sequence lengths may differ"
+            )
+    return Ring(
+        group=group,
+        rank=rank,
+        size=size,
+        send_to=dist.get_global_rank(group, (rank + 1) % size),
+        recv_from=dist.get_global_rank(group, (rank - 1) % size),
+        kv_lens=tuple(row[6] for row in rows),
+        staged=gloo and q.device.type != "cpu",
+    )
+
+
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _describe(row):
+    dtype = _DTYPES[row[7]] if 0 <= row[7] < len(_DTYPES) else "other"
+    return f"({row[0]}, {row[1]}, {row[2]}, {row[3]}, {row[4]}, {dtype})"
+
+
+class _Shift:
+    """One rotation step in flight: `tensors` go to the next ring rank while tensors shaped
+    like them with `length` rows (dim 2) come from the previous one. `wait()` returns those."""
+
+    def __init__(self, ring: Ring, tensors, length: int):
+        self.device = tensors[0].device
+        send = [t.cpu() if ring.staged else t.contiguous() for t in tensors]
+        self.recv = [
+            torch.empty((*t.shape[:2], length, *t.shape[3:]), dtype=t.dtype, device=s.device)
+            for t, s in zip(tensors, send)
+        ]
+        ops = [
+            dist.P2POp(dist.isend, s, ring.send_to, ring.group, tag=i)
+            for i, s in enumerate(send)
+            if s.numel()
+        ]
+        ops += [
+            dist.P2POp(dist.irecv, r, ring.recv_from, ring.group, tag=i)
+            for i, r in enumerate(self.recv)
+            if r.numel()
+        ]
+        self.works = dist.batch_isend_irecv(ops) if ops else []
+        self.send = send  # held until the sends complete
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
+        return [r.to(self.device) if r.device != self.device else r for r in self.recv]
+
+
+def _merge(out, lse, o_i, l_i):
+    """Online log-sum-exp merge in float32 (an empty block's lse is -inf and weighs 0)."""
+    new = torch.logaddexp(lse, l_i)
+    safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    out = out * torch.exp(lse - safe).unsqueeze(-1) + o_i.float() * torch.exp(l_i - safe).unsqueeze(
+        -1
+    )
+    return out, new
+
+
+def _forward(ring: Ring, kernel, q, k, v, scale):
+    b, h, s, _ = q.shape
+    ratio = h // k.shape[1] if k.shape[1] else 1
+    out = torch.zeros((b, h, s, v.shape[3]), dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+    kv = [k, v]
+    for t in range(ring.size):
+        pending = _Shift(ring, kv, ring.kv_lens[ring.block(t + 1)]) if t + 1 < ring.size else None
+        if not _empty(q, kv[0]):
+            o_i, l_i = kernel.forward(q, _expand(kv[0], ratio), _expand(kv[1], ratio), scale)
+            out, lse = _merge(out, lse, o_i, l_i)
+        if pending is not None:
+            kv = pending.wait()
+    return out.to(q.dtype), lse
+
+
+def _backward(ring: Ring, kernel, dout, q, k, v, out, lse, scale):
+    ratio = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    acc = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v)]
+    kv, acc_in = [k, v], None
+    for t in range(ring.size):
+        nxt = ring.kv_lens[ring.block(t + 1)]
+        kv_in = _Shift(ring, kv, nxt) if t + 1 < ring.size else None
+        grads = None
+        if not _empty(q, kv[0]):
+            grads = kernel.backward(
+                dout, q, _expand(kv[0], ratio), _expand(kv[1], ratio), out, lse, scale
+            )
+        if acc_in is not None:
+            acc = acc_in.wait()
+        if grads is not None:
+            dq += grads[0].float()
+            acc = [a + _reduce(g.float(), ratio) for a, g in zip(acc, grads[1:])]
+        # The accumulators follow their block to the next rank; after the last step one more
+        # shift brings each home.
+        if ring.size > 1:
+            acc_in = _Shift(ring, acc, nxt)
+        if kv_in is not None:
+            kv = kv_in.wait()
+    if acc_in is not None:
+        acc = acc_in.wait()
+    return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring, kernel, scale):
+        out, lse = _forward(ring, kernel, q, k, v, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring, ctx.kernel, ctx.scale = ring, kernel, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(
+            ctx.ring, ctx.kernel, dout.contiguous(), q, k, v, out, lse, ctx.scale
+        )
+        return dq, dk, dv, None, None, None
+
+
+class _LocalRing:
+    """A ring of one rank (no group, or a group of size 1): no calls."""
+
+    rank, size, group, staged = 0, 1, None, False
+
+    def __init__(self, k):
+        self.kv_lens = (k.shape[2],)
+
+    def block(self, t):
+        return 0
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ring_group=None,
+    *,
+    attn_fn: Callable | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of this rank's q over the k and v of every rank of `ring_group`.
+
+    Arguments:
+        q: (b, h, s_q, d), this rank's heads and its block of the sequence.
+        k, v: (b, h_kv, s_kv, d) and (b, h_kv, s_kv, d_v), this rank's k/v block; s_kv may
+            differ from s_q and between ring ranks; h a multiple of h_kv (grouped-query: q head
+            i uses kv head i // (h // h_kv)).
+        ring_group: a torch ProcessGroup (gloo or NCCL) or None (no ring: this rank only).
+            Every ring rank must hold the same b, heads, head dims and dtype (checked).
+        attn_fn: None (aten's flash kernel on the CPU, its memory-efficient one on CUDA, an
+            explicit float32 one otherwise), or `attn_fn(q, k, v) -> (out, lse)` on one block
+            (k and v with q's head count; lse (b, h, s_q), differentiable for backward).
+        scale: the scores' scale (default 1 / sqrt(d)).
+
+    Returns:
+        (b, h, s_q, d_v), q's dtype; differentiable with respect to q, k and v.
+
+    Raises:
+        FastUlyssesError naming the argument and the rule (checked before anything is sent;
+        ring ranks whose shapes disagree are refused on every rank after the one all_gather).
+    """
+    _check(q, k, v, ring_group, attn_fn, scale)
+    kernel = default_kernel(q, v) if attn_fn is None else UserKernel(attn_fn)
+    size = 1 if ring_group is None else dist.get_world_size(ring_group)
+    ring = _LocalRing(k) if size == 1 else _ring(ring_group, q, k, v)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    scale = q.shape[3] ** -0.5 if scale is None else float(scale)
+    return _RingAttention.apply(q, k, v, ring, kernel, scale)
+
+
+def _check(q, k, v, ring_group, attn_fn, scale) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            what = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise FastUlyssesError(f"{name} is {what}: it must be a 4-d (b, h, s, d) tensor")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise FastUlyssesError(
+                f"{name} is {t.dtype} on {t.device} but q is {q.dtype} on {q.device}: q, k "
+                "and v must have one dtype and device"
+            )
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise FastUlyssesError(
+            f"k has shape {tuple(k.shape)}, v {tuple(v.shape)}, q {tuple(q.shape)}: k and v "
+            "must share b, h_kv and s_kv, and k q's b and head dim"
+        )
+    if k.shape[1] == 0 and q.shape[1] or k.shape[1] and q.shape[1] % k.shape[1]:
+        raise FastUlyssesError(
+            f"k has {k.shape[1]} heads but q has {q.shape[1]}: q's head count must be a "
+            "multiple of k's and v's (grouped-query attention)"
+        )
+    if ring_group is not None and not isinstance(ring_group, dist.ProcessGroup):
+        raise FastUlyssesError(
+            f"ring_group is a {type(ring_group).__name__}: it must be a torch.distributed "
+            "ProcessGroup or None"
+        )
+    if attn_fn is not None and not callable(attn_fn):
+        raise FastUlyssesError(
+            f"attn_fn is {attn_fn!r}: it must be a callable attn_fn(q, k, v) -> (out, lse), or None"
+        )
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise FastUlyssesError(f"scale is {scale!r}: it must be a float or None (1 / sqrt(d))")
