@@ -23,12 +23,15 @@ collect_ignore = ["workers"]
 
 @pytest.fixture(scope="session")
 def launch_ranks(tmp_path_factory):
-    """launch_ranks(worker, nproc, *args, timeout, shared_gpu=False, env=None) -> multirank.Launch
+    """launch_ranks(worker, nproc, *args, timeout, shared_gpu=False, env=None, nodes=1)
+    -> multirank.Launch
 
     Runs `worker` (a name in tests/workers, or a path) as `nproc` ranks, once per (worker, nproc,
-    args, shared_gpu, env) in the session: the per-check tests of one launch share it. Plain: gloo
-    CPU ranks. shared_gpu: every rank on the first GPU (the worker gets --shared-gpu and
-    SHARED_GPU_ENV). `env` goes on top (a None value removes a variable). Each rank's output is
+    args, shared_gpu, env, nodes) in the session: the per-check tests of one launch share it.
+    Plain: gloo CPU ranks. shared_gpu: every rank on the first GPU (the worker gets --shared-gpu
+    and SHARED_GPU_ENV). `env` goes on top (a None value removes a variable). nodes=N: the ranks
+    run as N simulated nodes of consecutive ranks (torchrun's GROUP_RANK, LOCAL_RANK, ... of
+    each; multirank.node_env). Each rank's output is
     in <tmp>/<worker>-p<nproc>*/rank<r>.log; the Launch says which check broke on which rank."""
     cache = {}
 
@@ -39,14 +42,17 @@ def launch_ranks(tmp_path_factory):
         timeout: float,
         shared_gpu: bool = False,
         env: dict | None = None,
+        nodes: int = 1,
     ):
         script = worker_path(worker)
-        key = (script, nproc, args, shared_gpu, tuple(sorted((env or {}).items())))
+        key = (script, nproc, args, shared_gpu, tuple(sorted((env or {}).items())), nodes)
         if key not in cache:
             tmp = tmp_path_factory.mktemp(f"{script.stem}-p{nproc}")
             if shared_gpu:
                 args, env = ("--shared-gpu", *args), dict(SHARED_GPU_ENV, **(env or {}))
-            cache[key] = launch(script, nproc, tmp, timeout=timeout, args=args, env=env)
+            cache[key] = launch(
+                script, nproc, tmp, timeout=timeout, args=args, env=env, nodes=nodes
+            )
         return cache[key]
 
     return run

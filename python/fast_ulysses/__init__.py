@@ -17,6 +17,7 @@ from .errors import FastUlyssesError
 from .factory import UlyssesGroupLike, make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
+from .mesh import usp_mesh
 from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
 from .ring import ring_attention
 from .tags import auto_tag, backward_tag
@@ -57,6 +58,7 @@ __all__ = [
     "UlyssesGroup",
     "UlyssesAttention",
     "UlyssesGroupLike",
+    "usp_mesh",
     "auto_tag",
     "backward_tag",
     "integrations",

@@ -11,13 +11,20 @@ import torch.distributed as dist
 
 from ._ops import _C
 from .errors import FastUlyssesError, public
+from .mesh import ULYSSES_DIM, split_2d
 from .topology import check_prefer, decide
 from .topology_probe import gather_topology
 from .torch_group import TorchUlyssesGroup
 
 
 @public  # (the plan's group-size rule is C++, a plain ValueError)
-def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "auto"):
+def make_group(
+    process_group=None,
+    initial_pool_bytes: int = 0,
+    prefer: str = "auto",
+    *,
+    mesh_dim: str = ULYSSES_DIM,
+):
     """Builds the Ulysses group for `process_group`; collective: every rank calls it.
 
     The ranks gather one topology (so they all reach the same verdict), `topology.decide` picks
@@ -25,10 +32,19 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
     run twice). The group says what was chosen: `group.fallback` (bool) and
     `group.fallback_reason` ("" for the fast group).
 
+    Past one node (ring x Ulysses), pass a 2-D DeviceMesh (`fast_ulysses.usp_mesh`) or a pair
+    (ulysses_group, ring_group): the group is built on the Ulysses group as above and
+    `group.ring_group` is the ring's ProcessGroup (None for a plain group). Every rank of the
+    world calls it then, and each Ulysses group must lie within one node (`mesh.check_2d`).
+
     Arguments:
-        process_group: the sequence-parallel group (None: the default group).
+        process_group: the sequence-parallel group (None: the default group); a
+            torch.distributed.device_mesh.DeviceMesh (1-D: the Ulysses group alone; 2-D: its
+            `mesh_dim` dimension is the Ulysses group, the other the ring); or a pair
+            (ulysses_group, ring_group) of ProcessGroups.
         initial_pool_bytes: the fast group's first window pool size (the fallback ignores it).
         prefer: "auto", "fast" (fast wherever it can run) or "torch" (always the fallback).
+        mesh_dim: the Ulysses dimension's name in a 2-D mesh ("ulysses", usp_mesh's name).
 
     Returns:
         A `fast_ulysses.group.UlyssesGroup` or a `TorchUlyssesGroup` (both `UlyssesGroupLike`).
@@ -39,10 +55,21 @@ def make_group(process_group=None, initial_pool_bytes: int = 0, prefer: str = "a
         for a bad `prefer`, for a group of more ranks than one node's 8 (the plan's
         limit, which the fallback shares), for a FAST_ULYSSES_* setting refused on any rank or
         FAST_ULYSSES_DEBUG=1 on some ranks only (unless prefer="torch"; every rank raises it,
-        naming the ranks), or prefer="fast" where the fast path cannot run.
+        naming the ranks), or prefer="fast" where the fast path cannot run. For the 2-D forms,
+        on every rank before the group is built: a mesh neither 1-D nor 2-D, a `mesh_dim` the
+        mesh lacks, a pair that is not two ProcessGroups, degrees whose product is not the
+        world size, or a Ulysses group that spans nodes.
     """
     check_prefer(prefer)
-    process_group = _check_process_group(process_group)
+    process_group, ring_group = split_2d(process_group, mesh_dim)
+    group = _build(_check_process_group(process_group), initial_pool_bytes, prefer)
+    if ring_group is not None:
+        group.ring_group = ring_group
+    return group
+
+
+def _build(process_group, initial_pool_bytes: int, prefer: str):
+    """`make_group` on one checked ProcessGroup: the decision, then the group it names."""
     # Before the topology gather: no fallback would serve a larger group either.
     _C.check_group(dist.get_world_size(process_group), dist.get_rank(process_group))
     topology = None if prefer == "torch" else gather_topology(process_group)  # torch: no probe

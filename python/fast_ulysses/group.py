@@ -69,6 +69,7 @@ class UlyssesGroup(UpstreamNames):
     fallback = False
     fallback_reason = ""
     backend = "pitched"
+    ring_group = None  # the ring's ProcessGroup where make_group got a mesh or a pair
     rank: int
     world_size: int
 

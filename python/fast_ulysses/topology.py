@@ -36,7 +36,8 @@ class RankInfo:
     """What one rank reports about itself.
 
     Arguments:
-        hostname: the node's name (ranks on one node must agree).
+        hostname: the rank's node (`topology_probe.node_name`: the host name, plus "#<node rank>"
+            under torchrun), equal for ranks of one node.
         gpu_index: the CUDA device index in the rank's process, None without a GPU.
         gpu_name: e.g. "NVIDIA H200".
         pci_bus_id: "0000:18:00.0" (sysfs form); "" unknown.
@@ -243,7 +244,16 @@ def cannot_run_message(blocker: str) -> str:
 
 
 def cannot_run_reason(t: Topology) -> str:
-    """Why the fast path cannot run on `t` at all; "" if it can."""
+    """Why the fast path cannot run on `t` at all; "" if it can. Several nodes come first: that
+    stays true whatever each node's GPUs are (and a CPU rank's report says so too)."""
+    hosts = _ranks_by(t, lambda info: info.hostname)
+    if len(hosts) > 1:
+        where = "; ".join(f"{h}: ranks {_ranks_text(rs)}" for h, rs in hosts.items())
+        return (
+            f"the group spans {len(hosts)} nodes ({where}): the fast path is one node only "
+            "(past a node, keep each Ulysses group within a node and run the ring across "
+            "nodes: fast_ulysses.usp_mesh)"
+        )
     for r, info in enumerate(t.ranks):
         if not info.has_gpu:
             return f"no GPU on rank {r}"
@@ -255,10 +265,6 @@ def cannot_run_reason(t: Topology) -> str:
             f"the group has {t.world_size} ranks: at most {MAX_RANKS} (one node), for the "
             "fallback too (make_group raises)"
         )
-    hosts = _ranks_by(t, lambda info: info.hostname)
-    if len(hosts) > 1:
-        where = "; ".join(f"{h}: ranks {_ranks_text(rs)}" for h, rs in hosts.items())
-        return f"the group spans {len(hosts)} nodes ({where}): the fast path is one node only"
     shared = shared_gpu_pair(t)
     if shared and not all(info.allow_shared_gpu for info in t.ranks):
         a, b = shared

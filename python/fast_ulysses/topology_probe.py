@@ -14,6 +14,7 @@ GPUs this process sees.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -25,6 +26,16 @@ from .topology import PairInfo, RankInfo, Topology
 _SYS = Path("/sys")
 # nvmlDeviceGetTopologyCommonAncestor values, by the names `nvidia-smi topo -m` prints.
 _PATH_NAMES = {0: "SAME", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def node_name() -> str:
+    """This process's node: the host name, plus "#<GROUP_RANK>" where torchrun set GROUP_RANK
+    (its node rank). On real nodes the host names differ anyway; the node rank tells apart two
+    torchrun "nodes" started on one machine (`torchrun --nnodes 2` twice, or the tests' simulated
+    nodes), which share no fast path: ranks of different nodes never map each other's memory."""
+    host = socket.gethostname()
+    group_rank = os.environ.get("GROUP_RANK", "")
+    return f"{host}#{group_rank}" if group_rank else host
 
 
 def env_allows_shared_gpu() -> bool:
@@ -56,7 +67,7 @@ def local_rank_info(index: int | None = None) -> RankInfo:
     # (topology.decide), none alone. (The shared-GPU switch is then not read: it may be the one.)
     refused = settings_error()
     base = dict(
-        hostname=socket.gethostname(),
+        hostname=node_name(),
         cuda_load_error=cuda_load_error,
         allow_shared_gpu=not refused and env_allows_shared_gpu(),
         settings_error=refused,

@@ -87,6 +87,7 @@ class TorchUlyssesGroup(UpstreamNames):
 
     fallback = True
     backend = "torch"
+    ring_group = None  # the ring's ProcessGroup where make_group got a mesh or a pair
     rank: int
     world_size: int
     fallback_reason: str

@@ -6,7 +6,8 @@ every test launches through (`launch_ranks`), on gloo CPU ranks or on ranks shar
 
 Parent side (pytest): `launch(script, nproc, tmp, timeout=...)` starts `nproc` processes of
 `script` (a path, or a worker's name in this folder) with torchrun's environment (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so a worker calls
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; with nodes=N,
+that of N nodes of consecutive ranks on this machine), so a worker calls
 `dist.init_process_group(backend)` exactly as under torchrun and stays runnable with torchrun
 on a real node. gloo is pinned to the loopback interface. The first rank to fail gets the others
 killed (they would only wait for it in a collective), and so does the timeout: a hang fails the
@@ -294,11 +295,22 @@ def free_port() -> int:
 
 
 def launch(
-    script: str | Path, nproc: int, tmp: Path, *, timeout: float, args=(), env: dict | None = None
+    script: str | Path,
+    nproc: int,
+    tmp: Path,
+    *,
+    timeout: float,
+    args=(),
+    env: dict | None = None,
+    nodes: int = 1,
 ) -> Launch:
     """Runs `script` as `nproc` ranks and waits for all of them, a failure or the timeout.
-    `env` adds to this process's environment; a None value removes the variable."""
+    `env` adds to this process's environment; a None value removes the variable. `nodes` > 1
+    splits the ranks into that many simulated nodes of consecutive ranks, as `torchrun --nnodes`
+    numbers them: each rank gets its node's torchrun environment (`node_env`)."""
     script = worker_path(script)
+    if nodes < 1 or nproc % nodes:
+        raise ValueError(f"nodes={nodes}: it must be >= 1 and divide nproc={nproc}")
     tmp.mkdir(parents=True, exist_ok=True)
     reports = tmp / "reports"
     reports.mkdir(exist_ok=True)
@@ -307,8 +319,6 @@ def launch(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc),
-        GROUP_RANK="0",
         GLOO_SOCKET_IFNAME="lo",
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
@@ -323,7 +333,7 @@ def launch(
             stdout=logs[r],
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+            env=dict(base, RANK=str(r), **node_env(r, nproc, nodes)),
         )
         for r in range(nproc)
     ]
@@ -345,6 +355,22 @@ def launch(
         ranks.append(RankRun(r, None if r in killed else p.returncode, log.read(), report))
         log.close()
     return Launch(script, ranks, timed_out)
+
+
+def node_env(rank: int, nproc: int, nodes: int = 1) -> dict:
+    """torchrun's per-node environment of world rank `rank` when `nproc` ranks run as `nodes`
+    nodes of consecutive ranks: GROUP_RANK (the node rank; fast_ulysses counts it in a rank's
+    node, so nodes on one machine are told apart), NODE_RANK, GROUP_WORLD_SIZE, LOCAL_RANK and
+    LOCAL_WORLD_SIZE."""
+    per_node = nproc // nodes
+    node = str(rank // per_node)
+    return dict(
+        GROUP_RANK=node,
+        NODE_RANK=node,
+        GROUP_WORLD_SIZE=str(nodes),
+        LOCAL_RANK=str(rank % per_node),
+        LOCAL_WORLD_SIZE=str(per_node),
+    )
 
 
 def _wait(procs, timeout: float) -> bool:

@@ -1,8 +1,12 @@
 """`fast-ulysses doctor`: what this machine offers the fast path, and the verdict make_group would
-reach for a group of every visible GPU (one rank per GPU). Exits 0 even with no GPU or driver;
+reach for a group of every visible GPU (one rank per GPU). With --ulysses-degree U, also the
+(ring, ulysses) layout `fast_ulysses.usp_mesh(U)` builds: which ranks form each Ulysses group and
+each ring, and whether each Ulysses group lies within one node (torchrun's numbering: node k
+holds ranks k*N .. k*N+N-1 for N ranks per node). Exits 0 even with no GPU or driver;
 2, with the reason, when a FAST_ULYSSES_* setting holds a value it cannot take (the switches,
 the transport's included, and the watchdog's settings: `fast_ulysses.env.check_switches`), since
-the report, or the group it describes, would depend on it."""
+the report, or the group it describes, would depend on it, or when the layout's numbers do not
+fit (U or N not dividing the world size)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 
 from .. import topology_probe
 from ..env import check_switches
+from ..mesh import spanning_message, standard_layout
 from ..topology import decide, spans_sockets
 from ..topology_probe import visible_topology
 from ._help import HelpFormatter
@@ -44,24 +49,49 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not try a one-rank symmetric-memory rendezvous",
     )
+    p.add_argument(
+        "--ulysses-degree",
+        type=int,
+        metavar="U",
+        help="also print the (ring, ulysses) layout of fast_ulysses.usp_mesh(U)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        metavar="W",
+        help="the layout's world size (default: $WORLD_SIZE, else the visible GPUs, at least 1)",
+    )
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        metavar="N",
+        help="ranks per node (default: $LOCAL_WORLD_SIZE, else the visible GPUs, at least 1)",
+    )
 
 
 def run(args) -> int:
     """Collects the report and prints it (a rich table, or JSON with --json).
 
     Arguments:
-        args: the parsed namespace (json, no_symm_init).
+        args: the parsed namespace (json, no_symm_init, ulysses_degree, world_size,
+            ranks_per_node).
 
     Returns:
         0: the report is the result, whatever it says; 2: a switch in the environment has a
-        value it cannot take (said on stderr, as a usage error: the report would depend on it).
+        value it cannot take (said on stderr, as a usage error: the report would depend on it),
+        or the layout's numbers do not fit.
     """
     try:
         check_switches()
+        layout = None
+        if getattr(args, "ulysses_degree", None) is not None:
+            layout = usp_layout(args.ulysses_degree, args.world_size, args.ranks_per_node)
     except ValueError as error:
         print(f"fast-ulysses doctor: error: {error}", file=sys.stderr)
         return 2
     report = collect(symm_init=not getattr(args, "no_symm_init", False))
+    if layout is not None:
+        report["usp_layout"] = layout
     if getattr(args, "json", False):
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -96,6 +126,36 @@ def collect(*, symm_init: bool = True) -> dict:
             "reason": reason,
             "group": f"one rank per visible GPU ({count})" if count else "one CPU rank",
         },
+    }
+
+
+def usp_layout(ulysses_degree: int, world_size=None, ranks_per_node=None) -> dict:
+    """The (ring, ulysses) layout of `usp_mesh(ulysses_degree)` on `world_size` ranks of
+    `ranks_per_node` each (None: $WORLD_SIZE / $LOCAL_WORLD_SIZE, else the visible GPUs),
+    numbered as torchrun numbers nodes, as JSON-ready data: `UspLayout.describe()` plus the
+    sizes, `within_nodes` and the error usp_mesh would raise ("" none).
+
+    Raises:
+        ValueError (FastUlyssesError) for a degree or a node size that does not divide the
+        world size.
+    """
+    from ..errors import FastUlyssesError
+
+    gpus = max(topology_probe.visible_gpu_count(), 1)
+    world = world_size or int(os.environ.get("WORLD_SIZE", gpus))
+    per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", gpus))
+    if per_node < 1 or world % per_node:
+        raise FastUlyssesError(
+            f"--ranks-per-node={per_node}: it must be >= 1 and divide the world size {world}"
+        )
+    layout = standard_layout(world, ulysses_degree, [f"node {r // per_node}" for r in range(world)])
+    message = spanning_message(layout)
+    return {
+        "world_size": world,
+        "ranks_per_node": per_node,
+        **layout.describe(),
+        "within_nodes": not message,
+        "error": message,
     }
 
 
@@ -230,12 +290,43 @@ def render(report: dict) -> None:
             {k: "(unset)" if v is None else v for k, v in report["environment"].items()},
         )
     )
+    if "usp_layout" in report:
+        _render_layout(console, report["usp_layout"])
     verdict = report["verdict"]
     choice = "UlyssesGroup (fast)" if verdict["use_fast"] else "TorchUlyssesGroup (fallback)"
     console.print(
         f"[bold]make_group verdict[/] for {verdict['group']}: [bold]{choice}[/]: "
         f"{verdict['reason']}"
     )
+
+
+def _render_layout(console, layout: dict) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=(
+            f"USP layout of usp_mesh({layout['ulysses_degree']}): {layout['world_size']} ranks, "
+            f"{layout['ranks_per_node']} per node"
+        ),
+        title_justify="left",
+    )
+    for column in ("group", "ranks", "nodes", "within one node"):
+        table.add_column(column)
+    for i, g in enumerate(layout["ulysses_groups"]):
+        ranks, nodes = ", ".join(map(str, g["ranks"])), ", ".join(g["nodes"])
+        table.add_row(f"Ulysses {i}", ranks, nodes, _yes_no(g["one_node"]))
+    for i, g in enumerate(layout["rings"]):
+        table.add_row(f"ring {i}", ", ".join(map(str, g["ranks"])), ", ".join(g["nodes"]), "")
+    console.print(table)
+    if layout["error"]:
+        console.print(
+            f"[bold red]usp_mesh({layout['ulysses_degree']}) would raise[/]: {layout['error']}"
+        )
+    else:
+        console.print(
+            "Every Ulysses group lies within one node; the rings cross nodes over "
+            "torch.distributed (NCCL on GPUs)."
+        )
 
 
 def _key_values(title: str, values: dict):
