@@ -31,6 +31,7 @@ class MathKernel:
     """Explicit matmul + logsumexp in float32: any device, dtype and head dims."""
 
     name = "math"
+    check_first = False
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -53,6 +54,7 @@ class CpuFlashKernel:
     """aten's CPU flash attention (float32, bfloat16, float16; v's head dim = q's)."""
 
     name = "cpu_flash"
+    check_first = False
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -72,6 +74,7 @@ class CudaEfficientKernel:
     along s to a multiple of 32: cut on the way out, padded again for the backward."""
 
     name = "cuda_efficient"
+    check_first = False
 
     @staticmethod
     def forward(q, k, v, scale):
@@ -106,6 +109,7 @@ class UserKernel:
     """A user's `attn_fn(q, k, v) -> (out, lse)`; its backward recomputes the block."""
 
     name = "attn_fn"
+    check_first = True
 
     def __init__(self, attn_fn):
         self.attn_fn = attn_fn
@@ -267,6 +271,11 @@ class _Shift:
         return [r.to(self.device) if r.device != self.device else r for r in self.recv]
 
 
+def _start(ring: Ring, kv, t: int):
+    """Step t's rotation of kv (None after the last step)."""
+    return _Shift(ring, kv, ring.kv_lens[ring.block(t + 1)]) if t + 1 < ring.size else None
+
+
 def _merge(out, lse, o_i, l_i):
     """Online log-sum-exp merge in float32 (an empty block's lse is -inf and weighs 0)."""
     new = torch.logaddexp(lse, l_i)
@@ -284,10 +293,15 @@ def _forward(ring: Ring, kernel, q, k, v, scale):
     lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
     kv = [k, v]
     for t in range(ring.size):
-        pending = _Shift(ring, kv, ring.kv_lens[ring.block(t + 1)]) if t + 1 < ring.size else None
+        # A user's kernel attends its first block before anything is sent: a refusal of what
+        # it returned then leaves no call in flight.
+        first = t == 0 and kernel.check_first
+        pending = None if first else _start(ring, kv, t)
         if not _empty(q, kv[0]):
             o_i, l_i = kernel.forward(q, _expand(kv[0], ratio), _expand(kv[1], ratio), scale)
             out, lse = _merge(out, lse, o_i, l_i)
+        if first:
+            pending = _start(ring, kv, t)
         if pending is not None:
             kv = pending.wait()
     return out.to(q.dtype), lse
@@ -300,12 +314,15 @@ def _backward(ring: Ring, kernel, dout, q, k, v, out, lse, scale):
     kv, acc_in = [k, v], None
     for t in range(ring.size):
         nxt = ring.kv_lens[ring.block(t + 1)]
-        kv_in = _Shift(ring, kv, nxt) if t + 1 < ring.size else None
+        first = t == 0 and kernel.check_first
+        kv_in = None if first else _start(ring, kv, t)
         grads = None
         if not _empty(q, kv[0]):
             grads = kernel.backward(
                 dout, q, _expand(kv[0], ratio), _expand(kv[1], ratio), out, lse, scale
             )
+        if first:
+            kv_in = _start(ring, kv, t)
         if acc_in is not None:
             acc = acc_in.wait()
         if grads is not None:
