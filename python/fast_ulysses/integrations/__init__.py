@@ -2,7 +2,7 @@
 signatures and meaning (backward included), running on a fast-ulysses group:
 
 - `fast_ulysses.integrations.yunchang`: yunchang / xDiT (`all_to_all_4D`, `SeqAllToAll4D`,
-  `SeqAllToAll5D`, `patch_yunchang()`).
+  `SeqAllToAll5D`, `patch_yunchang()` / `unpatch_yunchang()`).
 - `fast_ulysses.integrations.deepspeed`: DeepSpeed-Ulysses (`DistributedAttention`).
 - `fast_ulysses.integrations.diffusers`: diffusers' context parallelism
   (`_all_to_all_dim_exchange`, `SeqAllToAllDim`, `patch_diffusers()` / `unpatch_diffusers()`).
@@ -14,6 +14,8 @@ signatures and meaning (backward included), running on a fast-ulysses group:
 The upstream `group` argument is a torch ProcessGroup; it is mapped to a fast-ulysses group by
 `fast_ulysses.attention.group_for` (built on first use). Calls use owned results and
 `tag=None` (`fast_ulysses.auto_tag`), so they are differentiable and need no tag.
+In the frameworks' Ulysses x Ring (USP) modes the patches carry the Ulysses all-to-alls only;
+each framework's ring stays its own (docs/API.md, "Framework integrations").
 """
 
 from . import deepspeed, diffusers, fastvideo, yunchang  # noqa: F401

@@ -1,5 +1,7 @@
 """yunchang (and xDiT, which imports it): `all_to_all_4D`, `SeqAllToAll4D`, `SeqAllToAll5D`,
-and `patch_yunchang()` to make yunchang's and xDiT's attention layers use them."""
+and `patch_yunchang()` / `unpatch_yunchang()` to make yunchang's and xDiT's attention layers
+(`UlyssesAttention`, USP's `LongContextAttention`, xDiT's `xFuserLongContextAttention`) use
+them; their rings stay yunchang's."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ _KNOWN_MODULES = (
     "yunchang",
 )
 _PATCHED_PREFIXES = ("yunchang", "xfuser")
+_REBOUND: dict = {}  # (module name, attribute) -> yunchang's object patch_yunchang replaced
 
 
 def all_to_all_4D(
@@ -110,6 +113,24 @@ def patch_yunchang() -> list[str]:
     for module in modules:
         for name in ours:
             if id(getattr(module, name, None)) in originals:
+                _REBOUND.setdefault((module.__name__, name), getattr(module, name))
                 setattr(module, name, ours[name])
                 patched.append(f"{module.__name__}.{name}")
     return patched
+
+
+def unpatch_yunchang() -> list[str]:
+    """Restores yunchang's own objects wherever `patch_yunchang()` rebound them (in modules
+    still loaded).
+
+    Returns:
+        The restored names, as "module.name" (none when nothing was patched).
+    """
+    restored = []
+    for (name, attr), value in sorted(_REBOUND.items(), key=lambda kv: kv[0]):
+        module = sys.modules.get(name)
+        if module is not None:
+            setattr(module, attr, value)
+            restored.append(f"{name}.{attr}")
+    _REBOUND.clear()
+    return restored
