@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import usp
 
 import fast_ulysses as fu
-from fast_ulysses import ring
+from fast_ulysses import ring_kernels as ring
 
 TIMEOUT = 600
 LAUNCHES = [
