@@ -191,7 +191,7 @@ def _split_mesh(mesh, mesh_dim: str):
     if mesh.ndim != 2:
         raise FastUlyssesError(
             f"process_group is a {mesh.ndim}-D DeviceMesh {names}: it must be 1-D (the Ulysses "
-            "group alone) or 2-D (ring x Ulysses); slice it, e.g. mesh['ring', 'ulysses']"
+            "group alone) or 2-D (ring x Ulysses over the whole world)"
         )
     if not names or mesh_dim not in names:
         raise FastUlyssesError(
