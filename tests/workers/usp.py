@@ -18,7 +18,7 @@ seq_splits rows. Checks, each named `<check>_R<R>xU<U>`:
 - refusals: every rank raises FastUlyssesError naming the rule for q heads below the Ulysses
   degree without head_splits, an attn_fn returning only a tensor, an attn_fn whose lse is not
   differentiable (at backward), and ring ranks holding different heads; a forward after them
-  still matches SDPA.
+  still matches SDPA, and so does one whose ring is the group's own `ring_group` attribute.
 """
 
 from __future__ import annotations
@@ -193,9 +193,14 @@ def check_refusals(upg, rpg, R, U, device) -> int:
     dist.all_gather(full, q)  # (CPU or a shared GPU: gloo)
     whole = torch.cat(full, dim=1)
     want = F.scaled_dot_product_attention(*(whole.transpose(1, 2),) * 3).transpose(1, 2)
-    got = fu.UlyssesAttention(upg, ring_group=rpg)(q, q, q)
     rank = i * U + u
+    got = fu.UlyssesAttention(upg, ring_group=rpg)(q, q, q)
     torch.testing.assert_close(got, want.narrow(1, 2 * rank, 2), msg=lambda m: f"after: {m}")
+    # ring_group=None: the group's own ring_group (what make_group sets on a mesh or a pair).
+    group = fu.TorchUlyssesGroup(upg)
+    group.ring_group = rpg
+    got = fu.UlyssesAttention(group)(q, q, q)
+    torch.testing.assert_close(got, want.narrow(1, 2 * rank, 2), msg=lambda m: f"group's: {m}")
     return 4
 
 
