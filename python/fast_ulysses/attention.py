@@ -111,6 +111,8 @@ class UlyssesAttention(torch.nn.Module):
         count that does not divide q's; splits that are not sequences of ints; pipeline past
         the largest per-rank q head count (all before any call); attn_fn's result not a tensor
         of its shape (before the output's call); and every rule of the group's calls (forward).
+        With a ring: q heads fewer than the group's size without head_splits (before any
+        call), and `ring_attention`'s rules.
     """
 
     def __init__(

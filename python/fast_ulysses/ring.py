@@ -237,6 +237,7 @@ class _LocalRing:
         return 0
 
 
+@torch.compiler.disable  # eager: point-to-point calls and a host-side gather of block lengths
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -266,6 +267,8 @@ def ring_attention(
     Raises:
         FastUlyssesError naming the argument and the rule (checked before anything is sent;
         ring ranks whose shapes disagree are refused on every rank after the one all_gather).
+
+    Under torch.compile it runs eagerly (a graph break), as do its calls.
     """
     _check(q, k, v, ring_group, attn_fn, scale)
     kernel = default_kernel(q, v) if attn_fn is None else UserKernel(attn_fn)
