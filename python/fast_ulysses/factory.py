@@ -57,8 +57,8 @@ def make_group(
         FAST_ULYSSES_DEBUG=1 on some ranks only (unless prefer="torch"; every rank raises it,
         naming the ranks), or prefer="fast" where the fast path cannot run. For the 2-D forms,
         on every rank before the group is built: a mesh neither 1-D nor 2-D, a `mesh_dim` the
-        mesh lacks, a pair that is not two ProcessGroups, degrees whose product is not the
-        world size, or a Ulysses group that spans nodes.
+        mesh lacks, a pair that is not two ProcessGroups, a Ulysses group and ring that share
+        more than this rank (not a grid), or a Ulysses group that spans nodes.
     """
     check_prefer(prefer)
     process_group, ring_group = split_2d(process_group, mesh_dim)

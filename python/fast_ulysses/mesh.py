@@ -1,7 +1,8 @@
 """The 2-D (ring x Ulysses) layout of unified sequence parallelism past one node: `usp_mesh`
-builds the standard DeviceMesh, `make_group` takes a mesh or a pair of process groups
-(`split_2d`), and one rule judges both: every Ulysses group within one node, the degrees
-multiplying to the world size.
+builds the standard DeviceMesh of the world, `make_group` takes a mesh or a pair of process
+groups (`split_2d`), and one rule judges both: every Ulysses group within one node. `usp_mesh`'s
+degrees must multiply to the world size; a mesh or pair given to `make_group` may cover part of
+the world (beside a CFG dimension, say) as long as its groups form a grid.
 
 The rule is judged on every rank from one gather of the ranks' nodes over the default group,
 before anything else is sent, so every rank raises the same error or none does. Ulysses'
@@ -191,7 +192,8 @@ def _split_mesh(mesh, mesh_dim: str):
     if mesh.ndim != 2:
         raise FastUlyssesError(
             f"process_group is a {mesh.ndim}-D DeviceMesh {names}: it must be 1-D (the Ulysses "
-            "group alone) or 2-D (ring x Ulysses over the whole world)"
+            "group alone) or 2-D (ring x Ulysses); pass the 2-D slice, e.g. "
+            "mesh['ring', 'ulysses']"
         )
     if not names or mesh_dim not in names:
         raise FastUlyssesError(
@@ -208,10 +210,12 @@ def check_2d(ulysses_group, ring_group) -> None:
     """Judges a (Ulysses, ring) pair of process groups; collective over the default group.
 
     Every rank gathers each rank's node and group members, so every rank reaches the same
-    verdict and raises the same error.
+    verdict and raises the same error. The pairs may cover the world or a part of it each (a
+    CFG dimension beside them, say): what counts is that they form a grid.
 
     Raises:
-        FastUlyssesError: a rank whose Ulysses degree x ring degree is not the world size, or a
+        FastUlyssesError: a rank whose Ulysses group and ring share another rank (a ring takes
+        one rank of each Ulysses group), a ring whose ranks' Ulysses degrees differ, or a
         Ulysses group that spans nodes (`spanning_message`).
     """
     _check_initialized("make_group with a mesh or a pair of groups")
@@ -222,13 +226,19 @@ def check_2d(ulysses_group, ring_group) -> None:
     )
     rows: list = [None] * dist.get_world_size()
     dist.all_gather_object(rows, mine)
-    world = len(rows)
     for rank, (_, ulysses, ring) in enumerate(rows):
-        if len(ulysses) * len(ring) != world:
+        shared = sorted(set(ulysses) & set(ring))
+        if shared != [rank]:
             raise FastUlyssesError(
-                f"rank {rank}: Ulysses degree {len(ulysses)} x ring degree {len(ring)} = "
-                f"{len(ulysses) * len(ring)}: it must equal the world size {world} (the 2-D "
-                "layout covers every rank once)"
+                f"rank {rank}: its Ulysses group (ranks {_ranks(ulysses)}) and its ring (ranks "
+                f"{_ranks(ring)}) share ranks {_ranks(shared)}: they must meet at that rank "
+                "only (a ring takes one rank of each Ulysses group)"
+            )
+        degrees = {r: len(rows[r][1]) for r in ring}
+        if len(set(degrees.values())) > 1:
+            raise FastUlyssesError(
+                f"rank {rank}: the ranks of its ring have Ulysses degrees {degrees}: every "
+                "Ulysses group of a ring must have as many ranks (they hold the same heads)"
             )
     layout = UspLayout(
         ulysses_groups=tuple(dict.fromkeys(row[1] for row in rows)),
@@ -238,6 +248,10 @@ def check_2d(ulysses_group, ring_group) -> None:
     message = spanning_message(layout)
     if message:
         raise FastUlyssesError(message)
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def _check_initialized(what: str) -> None:

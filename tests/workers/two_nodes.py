@@ -11,8 +11,10 @@ Checks, in order (every rank runs each; an expected error must come on every ran
     plain_group_spans_nodes     make_group(world): no ring_group, fallback_reason names 2 nodes
     spanning_usp_mesh_errs      usp_mesh(2 x ranks per node): the error names the nodes
     spanning_mesh_errs          a mesh or a pair whose Ulysses groups cross nodes: the error
-    bad_degree_errs             a degree not dividing the world; a pair whose degrees'
-                                product is not the world size
+    bad_degree_errs             a degree not dividing the world; a pair whose Ulysses group
+                                and ring share more than the rank (not a grid)
+    cfg_slice                   make_group(mesh["ring", "ulysses"]) of a (cfg, ring, ulysses)
+                                mesh: the slice's groups, each on half the world
     doctor_layout               doctor's layout (from torchrun's environment) is the mesh's
     usp_attention_matches_sdpa  UlyssesAttention(make_group(usp_mesh(ranks per node))): each
                                 rank's output rows are SDPA's over the whole sequence (fp32)
@@ -43,6 +45,7 @@ CHECKS = (
     "spanning_usp_mesh_errs",
     "spanning_mesh_errs",
     "bad_degree_errs",
+    "cfg_slice",
     "doctor_layout",
     "usp_attention_matches_sdpa",
 )
@@ -128,9 +131,20 @@ def main() -> int:
         raises(lambda: fu.usp_mesh(3), "ulysses_degree=3", f"divide the world size {world}")
         raises(
             lambda: fu.make_group((dist.group.WORLD, mesh.get_group("ring"))),
-            f"Ulysses degree {world} x ring degree 2",
-            f"world size {world}",
+            f"rank 0: its Ulysses group (ranks {', '.join(map(str, range(world)))})",
+            f"share ranks 0, {per_node}",
+            "meet at that rank only",
         )
+
+    with report.check("cfg_slice"):
+        # (cfg 2, ring R, ulysses 2), R = world / 4: each CFG half is one node's R x 2 grid.
+        R = world // 4
+        cube = init_device_mesh("cpu", (2, R, 2), mesh_dim_names=("cfg", "ring", "ulysses"))
+        raises(lambda: fu.make_group(cube), "3-D DeviceMesh", "mesh['ring', 'ulysses']")
+        group = fu.make_group(cube["ring", "ulysses"])
+        start = rank - rank % (2 * R)
+        assert ranks_of(group.ring_group) == [start + rank % 2 + 2 * i for i in range(R)]
+        assert group.world_size == 2 and group.rank == rank % 2
 
     with report.check("doctor_layout"):
         layout = doctor.usp_layout(per_node)  # sizes from torchrun's environment
