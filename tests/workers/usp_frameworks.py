@@ -28,6 +28,9 @@ undone after), and compares:
   PROCESS_GROUP, which it reads. With --shared-gpu only (xDiT defines it only where CUDA is
   available, and its package does CUDA work on import): `xFuserLongContextAttention`
   (AttnType.TORCH_FLASH) the same way, yunchang's all-to-all 4 times unpatched, ours 4 patched.
+With --shared-gpu the ranks talk over gloo (NCCL hangs with two ranks on one GPU), which
+crashes on CUDA tensors in all_gather, permute and P2P: the rings' collectives (and diffusers'
+output gather) go through host copies there (usp_standins.py).
 Inputs are float32 on CPU, bfloat16 on the GPU (its flash kernels take no float32; one-process
 tolerances follow the dtype, and the Wan gradients are compared with diffusers' own only).
 On CPU ranks, torch's `aten::_scaled_dot_product_flash_attention` and its backward (CUDA-only
@@ -52,13 +55,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
+import usp_standins as standins
 from multirank import Report
 
 from fast_ulysses.attention import group_for
 
 WORLD, RING, ULYSSES = 4, 2, 2
 FRAMEWORKS = ("diffusers", "yunchang", "xfuser")
-_LIBRARY = []  # the torch.library registration, kept alive
 
 
 def check_names(frameworks=FRAMEWORKS) -> list[str]:
@@ -76,28 +79,6 @@ def missing(framework: str) -> str:
         if importlib.util.find_spec(package) is None:
             return f"{package} is not installed (requirements/dev.txt)"
     return upstream_nodeps.missing("xfuser") if framework == "xfuser" else ""
-
-
-# -- what the CPU lacks: a CPU kernel for torch's CUDA flash attention op ------------------------
-
-
-def _cpu_flash(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
-    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = op(q, k, v, dropout_p, is_causal, scale=scale)
-    empty = q.new_empty(0)
-    return out, lse, empty, empty, q.shape[2], k.shape[2], empty, empty, empty
-
-
-def _cpu_flash_backward(g, q, k, v, out, lse, cq, ck, mq, mk, p, causal, s, o, *, scale=None):
-    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-    return op(g, q, k, v, out, lse, p, causal, scale=scale)
-
-
-def register_cpu_flash() -> None:
-    library = torch.library.Library("aten", "IMPL")
-    library.impl("_scaled_dot_product_flash_attention", _cpu_flash, "CPU")
-    library.impl("_scaled_dot_product_flash_attention_backward", _cpu_flash_backward, "CPU")
-    _LIBRARY.append(library)
 
 
 # -- counting calls ----------------------------------------------------------------------------
@@ -382,9 +363,9 @@ def main() -> int:
     assert dist.get_world_size() == WORLD, f"world {dist.get_world_size()}: run {WORLD} ranks"
     if args.shared_gpu:
         torch.cuda.set_device(0)
-        wan.gloo_cuda_gather_shim()
+        standins.shared_gpu_shims()
     else:
-        register_cpu_flash()
+        standins.register_cpu_flash()
     device = torch.device("cuda", 0) if args.shared_gpu else torch.device("cpu")
     report = Report(dist.get_rank())
     try:
