@@ -24,14 +24,17 @@
 #           fail there (built by `before`, or here)
 #   node    the real-node suite, one rank per GPU (a kind with 2, 4 or 8 GPUs), at every size of
 #           NODE_P (default "2 4 8") the machine has: the a2a worker over NCCL (its reference is
-#           TorchUlyssesGroup over NCCL), the graph worker, and fast-ulysses bench --graph with the
-#           overlap rows and the NCCL baseline; logs and JSON packed into node.tar.gz
+#           TorchUlyssesGroup over NCCL), the graph worker, fast-ulysses bench --graph with the
+#           overlap rows and the NCCL baseline, and the USP row (bench --ring-degree RING_DEGREE,
+#           default 2: ring x Ulysses against plain Ulysses, Wan 720p mode 0); logs and JSON
+#           packed into node.tar.gz
 #   probe   host time of single driver calls and of graph launches shaped like a P = 8 call,
 #           without torch or peers (csrc/probes/launch_probe.cu): one process, then PROBE_N (default
 #           8) processes at once on the GPU, as ranks sharing it are
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph --pipeline $PIPELINE (default 2: the pipelined-attention row)
-#           at BENCH_SIZES (default "1 8"), packed into bench.tar.gz
+#           at BENCH_SIZES (default "1 8"), packed into bench.tar.gz; BENCH_RING=auto (or R) adds
+#           the USP row (--ring-degree: at P = 1 ring_attention against SDPA)
 #   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran or
 #           FUSED_TESTS=0, then fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo
 #           720p; with .carry/old, the same bench of this tree and of the old commit, alternately
@@ -137,6 +140,10 @@ if has node; then
     node_run bench "$P" -m fast_ulysses.bench --graph --iters 50 --warmup 10 \
       --out-dir "$R" --label "${GPU_LABEL}-node-p$P"
     grep -v -i "warn" "$R/bench_p$P.log" | tail -${TAIL:-30}
+    node_run usp "$P" -m fast_ulysses.bench --preset wan-720p --modes 0 --gemms 0 \
+      --ring-degree ${RING_DEGREE:-2} --iters 10 --warmup 2 --no-plot \
+      --out-dir "$R" --label "${GPU_LABEL}-node-p$P-usp"
+    grep -i "attention\|usp\|results:" "$R/usp_p$P.log" | grep -v -i "warn" | tail -6
   done
   tar -czf "$OUT/node.tar.gz" -C "$OUT" node
 fi
@@ -191,7 +198,7 @@ if has bench; then
   for P in ${BENCH_SIZES:-1 8}; do
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout ${BENCH_TIMEOUT:-200} python3 -m torch.distributed.run \
       --standalone --nproc-per-node $P -m fast_ulysses.bench --shared-gpu --graph \
-      --pipeline ${PIPELINE:-2} --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
+      --pipeline ${PIPELINE:-2} ${BENCH_RING:+--ring-degree $BENCH_RING} --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
       > "$R/bench_p$P.log" 2>&1
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
   done

@@ -24,6 +24,7 @@ from ..head_groups import head_groups
 from ..plan import DTYPE_NAMES
 from ..presets import PRESETS, even_splits
 from ..topology import MAX_RANKS
+from . import usp
 
 # The payloads the benchmark's presets are measured in: a subset of fast_ulysses.plan's names.
 DTYPES = {name: DTYPE_NAMES[name] for name in ("bf16", "fp16")}
@@ -125,6 +126,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="mode 0 also times UlyssesAttention's forward (no grad) with pipeline=G "
         "head groups against pipeline=1 (0: no attention row)",
+    )
+    p.add_argument(
+        "--ring-degree",
+        type=usp.ring_degree_option,
+        default=0,
+        help="mode 0 also times UlyssesAttention's forward (no grad) over rings of R x "
+        "Ulysses groups of P/R ranks against plain Ulysses over all P (R = 1: ring_attention with no ring "
+        "against SDPA; auto: 2 where P is even, 1 at P = 1; an R that does not divide P: the "
+        "row says it is skipped; 0: no USP row)",
     )
     p.add_argument(
         "--nproc",
@@ -236,6 +246,7 @@ def worker(args) -> dict | None:
         graph=args.graph,
         fused=args.fused,
         pipeline=args.pipeline,
+        ring_degree=args.ring_degree,
     )
     ctx.baseline_group, note = dist.group.WORLD, "torch.distributed all_to_all_single (NCCL)"
     if args.shared_gpu and P > 1:
@@ -258,6 +269,7 @@ def worker(args) -> dict | None:
                 "result": slowest(gathered),
             }
         )
+    usp.close(ctx)
     ctx.fast.destroy()
     if rank != 0:
         return None

@@ -93,6 +93,31 @@ def attention_rows(label: str, a: dict | None) -> list[list[str]]:
     ]
 
 
+def usp_rows(label: str, u: dict | None) -> list[list[str]]:
+    """--ring-degree R: the plain attention and the one with ring steps (ms, and the ring's
+    time against the plain one), or why the row was skipped, or the error in their place."""
+    if u is None:
+        return []
+    if u["skipped"] or u["error"]:
+        why = f"skipped: {u['skipped']}" if u["skipped"] else u["error"][:ERROR_CHARS]
+        ring = u["ring_degree"]
+        name = "USP ring x Ulysses" if ring is None else f"USP ring {ring}"
+        return [[label, f"{name} (forward, no grad)", f"{NA}: {why}", "", "", ""]]
+    plain, ring = u["plain_ms"], u["ring_ms"]
+    cost = NA if not plain or ring is None else f"{ring / plain:.2f}x plain's time"
+    return [
+        [label, f"{u['plain']} (forward, no grad)", _ms(plain), NA, "1.00x plain's time", NA],
+        [
+            label,
+            f"{u['ring']} (forward, no grad), max |diff| {u['max_abs_diff']:.3g}",
+            _ms(ring),
+            NA,
+            cost,
+            NA,
+        ],
+    ]
+
+
 def rows(results: dict) -> list[list[str]]:
     """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
     against the permute + all_to_all_single + permute baseline, host us per call (per replay
@@ -169,6 +194,7 @@ def rows(results: dict) -> list[list[str]]:
                     ]
                 )
         out.extend(attention_rows(label, r.get("attention")))
+        out.extend(usp_rows(label, r.get("usp")))
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
             out.append([label, f"overlap {name}", overlap_text(r.get(key)), "", "", ""])
     return out

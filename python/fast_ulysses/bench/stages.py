@@ -5,7 +5,8 @@ split sizes, permute + contiguous; and the raw `all_to_all_single` alone on the 
 buffer. fast-ulysses: the copy and borrowed entry points; the own-share relayout alone (torch
 `copy_` of the same strided chunk on this GPU); GEMM-chain overlap; host CPU per call;
 with --graph, CUDA-graph replays of one captured call of each entry point; with --pipeline G,
-UlyssesAttention with pipeline=G against pipeline=1 (bench/attention.py).
+UlyssesAttention with pipeline=G against pipeline=1 (bench/attention.py); with --ring-degree R,
+UlyssesAttention with ring steps against plain Ulysses (bench/usp.py).
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def run_case(case: Case, mode: int, ctx) -> dict:
     """Times every stage of one (case, mode) on this rank; numbers in ms, host in us.
     `ctx` has: rank, device, fast (UlyssesGroup), baseline_group (None when it cannot run),
     iters, warmup, gemm_size, gemms ("auto", a count, or 0: no overlap), overlap_repeats,
-    graph (time CUDA-graph replays too), optionally fused and pipeline (0: no attention row)."""
+    graph (time CUDA-graph replays too), optionally fused, pipeline (0: no attention row) and
+    ring_degree (0: no USP row)."""
     x = (torch.randn(case.input_shape(ctx.rank, mode), device=ctx.device) * 2).to(case.dtype)
     copy, borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}", case.kwargs())
     r = {"bytes_in": x.numel() * x.element_size()}
@@ -224,6 +226,10 @@ def run_case(case: Case, mode: int, ctx) -> dict:
         from .attention import run_attention
 
         r["attention"] = run_attention(case, ctx, x)
+    if getattr(ctx, "ring_degree", 0) and mode == 0:
+        from .usp import run_usp
+
+        r["usp"] = run_usp(case, ctx, x)
     if ctx.graph:  # own tags: one eager call sizes their windows, then capture and replay
         g_copy, g_borrowed = _entry_points(
             ctx.fast, x, mode, f"{case.name}-{mode}-g", case.kwargs()
