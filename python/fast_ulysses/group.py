@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from . import wire
 from ._ops import _C, cuda_load_error, cuda_module, ops
 from .arguments import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
 from .autograd import check_borrowed_grad
@@ -157,6 +158,8 @@ class UlyssesGroup(UpstreamNames):
         layout: str = "bshd",
         out: torch.Tensor | None = None,
         use_tma: bool | None = None,
+        wire_dtype: torch.dtype | None = None,
+        dequantize: bool = True,
     ) -> torch.Tensor:
         """One all-to-all. Mode 0: (b, seq_splits[r], N, d) -> (b, S, head_splits[r], d);
         mode 1 the inverse; sbhd swaps the first two dimensions, bhsd is (b, heads, seq, d).
@@ -167,6 +170,8 @@ class UlyssesGroup(UpstreamNames):
                 (not with an input that requires grad: out= records no backward).
             use_tma: accepted for code written against the upstream (None or a bool); every
                 call takes the same path (`fast_ulysses.upstream.check_use_tma`).
+            wire_dtype, dequantize: FP8 on the wire (`fast_ulysses.wire`; docs/API.md, "FP8 on
+                the wire"): with `out`, out is x's dtype, filled with the dequantized result.
 
         Returns:
             A new tensor the caller owns. In eager mode with peers it is an
@@ -184,6 +189,11 @@ class UlyssesGroup(UpstreamNames):
             FastUlyssesError (a ValueError and a RuntimeError) naming the argument and the
             rule, before anything is sent.
         """
+        if wire_dtype is not None or dequantize is not True:
+            return wire.exchange(
+                self, x, mode, tag, wire_dtype=wire_dtype, dequantize=dequantize, out=out,
+                seq_splits=seq_splits, head_splits=head_splits, layout=layout, use_tma=use_tma,
+            )  # fmt: skip
         try:
             if use_tma is not None:
                 check_use_tma(use_tma)
@@ -251,6 +261,8 @@ class UlyssesGroup(UpstreamNames):
         head_splits: Sequence[int] | None = None,
         layout: str = "bshd",
         barrier: bool = True,
+        wire_dtype: torch.dtype | None = None,
+        dequantize: bool = True,
     ) -> torch.Tensor:
         """Like all_to_all_single_4d, but returns this rank's receive window for `tag` itself:
         one copy less, valid until the next call with the same tag (other tags leave it alone).
@@ -271,7 +283,15 @@ class UlyssesGroup(UpstreamNames):
             (`fast_ulysses.autograd.check_borrowed_grad`: use the owned call for gradients); an
             input whose bytes overlap this tag's window (a borrowed result of the same tag fed
             back: clone() it or use another tag); and every rule of the owned call.
+
+        With wire_dtype, the packed result is the window: dequantize makes a new tensor,
+        dequantize=False returns views of the window (`fast_ulysses.wire`).
         """
+        if wire_dtype is not None or dequantize is not True:
+            return wire.exchange(
+                self, x, mode, tag, wire_dtype=wire_dtype, dequantize=dequantize, borrowed=True,
+                seq_splits=seq_splits, head_splits=head_splits, layout=layout, barrier=barrier,
+            )  # fmt: skip
         try:
             check_borrowed_tag(tag)
             check_barrier(barrier)

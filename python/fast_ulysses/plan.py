@@ -314,8 +314,13 @@ def simulate(
     seq_splits: Sequence[int] | None = None,
     head_splits: Sequence[int] | None = None,
     layout: str = "bshd",
+    wire_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
     """Runs every rank's plan on CPU memory and returns every rank's output.
+
+    With `wire_dtype` (FP8 on the wire, `fast_ulysses.wire`): every input quantized and packed,
+    the packed tensors moved, every output dequantized to its input's dtype: what the groups'
+    calls with that wire_dtype return.
 
     `inputs[r]` is rank r's input (any device; it is copied to the CPU); `mode` is 0, 1 or a
     `Mode`. Each rank's plan is
@@ -333,6 +338,11 @@ def simulate(
         head_dim or the resolved splits (naming the rank and the shapes), or anything `plan`
         refuses for a rank.
     """
+    if wire_dtype is not None:
+        from . import wire  # (it imports this module)
+
+        kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
+        return wire.simulate(inputs, mode, wire_dtype, **kw)
     try:
         return _simulate(inputs, mode, seq_splits, head_splits, layout)
     except ValueError as error:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from . import wire
 from ._ops import _C
 from .arguments import as_pool_bytes, check_tag, group_repr
 from .autograd import TorchAllToAll, check_borrowed_grad
@@ -170,6 +171,8 @@ class TorchUlyssesGroup(UpstreamNames):
         layout: str = "bshd",
         out: torch.Tensor | None = None,
         use_tma: bool | None = None,
+        wire_dtype: torch.dtype | None = None,
+        dequantize: bool = True,
     ) -> torch.Tensor:
         """One Ulysses all-to-all; collective: every rank makes the same call.
 
@@ -189,6 +192,7 @@ class TorchUlyssesGroup(UpstreamNames):
                 on, neither x nor out may require grad. Every rank may choose separately
                 whether to pass it.
             use_tma: accepted for code written against the upstream, as on UlyssesGroup.
+            wire_dtype, dequantize: FP8 on the wire, as on UlyssesGroup (`fast_ulysses.wire`).
 
         Returns:
             `out` when given; else a new contiguous plain tensor of the plan's output shape that
@@ -206,6 +210,11 @@ class TorchUlyssesGroup(UpstreamNames):
             check, `fast_ulysses.call_check`: the device type is part of the call); after
             `destroy()`.
         """
+        if wire_dtype is not None or dequantize is not True:
+            return wire.exchange(
+                self, x, mode, tag, wire_dtype=wire_dtype, dequantize=dequantize, out=out,
+                seq_splits=seq_splits, head_splits=head_splits, layout=layout, use_tma=use_tma,
+            )  # fmt: skip
         try:
             if use_tma is not None:
                 check_use_tma(use_tma)
@@ -238,6 +247,8 @@ class TorchUlyssesGroup(UpstreamNames):
         head_splits=None,
         layout: str = "bshd",
         barrier: bool = True,
+        wire_dtype: torch.dtype | None = None,
+        dequantize: bool = True,
     ) -> torch.Tensor:
         """The borrowed variant; here the result is owned (no window, so no lifetime rule) and
         ready when the call returns, whatever `barrier` says. The rules are UlyssesGroup's all
@@ -246,6 +257,11 @@ class TorchUlyssesGroup(UpstreamNames):
         its next call until `barrier()`. `barrier` must be a bool
         (`fast_ulysses.validation.check_barrier`), the same on every rank (checked with the rest
         of the call). Arguments, returns and raises as `all_to_all_single_4d` (without `out`)."""
+        if wire_dtype is not None or dequantize is not True:
+            return wire.exchange(
+                self, x, mode, tag, wire_dtype=wire_dtype, dequantize=dequantize, borrowed=True,
+                seq_splits=seq_splits, head_splits=head_splits, layout=layout, barrier=barrier,
+            )  # fmt: skip
         try:
             seq_splits, head_splits = _read_once(seq_splits), _read_once(head_splits)
             tag, p = self._checked(

@@ -245,13 +245,25 @@ class UpstreamNames:
 
     # -- the upstream v0.2 surface ---------------------------------------------------------
 
-    def all_to_all_4d(self, x, mode=0, *, out=None, seq_splits=None, head_splits=None):
+    def all_to_all_4d(
+        self,
+        x,
+        mode=0,
+        *,
+        out=None,
+        seq_splits=None,
+        head_splits=None,
+        wire_dtype=None,
+        dequantize=True,
+    ):
         """`all_to_all_single_4d(x, mode, out=out, ...)` (bshd, tag chosen by the tag rule).
-        With an `out` from `empty_output()` the peers write into it directly (no copy-out)."""
-        tag = self._output_tag(out)
+        With an `out` from `empty_output()` the peers write into it directly (no copy-out);
+        with wire_dtype (`fast_ulysses.wire`) the dequantize writes it."""
+        wire = dict(wire_dtype=wire_dtype, dequantize=dequantize)
+        tag = self._output_tag(out) if wire_dtype is None else None
         if tag is None:
             return self.all_to_all_single_4d(
-                x, mode, None, seq_splits=seq_splits, head_splits=head_splits, out=out
+                x, mode, None, seq_splits=seq_splits, head_splits=head_splits, out=out, **wire
             )
         _ready(self._into_output(x, mode, out, tag, seq_splits, head_splits))
         return out
