@@ -16,6 +16,7 @@ from .factory import UlyssesGroupLike
 from .head_groups import check_pipeline, expand_kv, head_groups, kv_send, q_send
 from .plan import LAYOUTS, cached_plan, plan
 from .ring import ring_attention
+from .wire import WireCalls, check_wire_dtype
 
 # One group per ProcessGroup, built by make_group on first use (a collective: every rank of
 # the process group reaches its first use at the same call, by the ordering contract).
@@ -92,6 +93,9 @@ class UlyssesAttention(torch.nn.Module):
             every ring rank's k and v; attn_fn, if given, must return (out, lse). The ranks of
             one ring hold the same Ulysses position (they must get the same heads: the same
             head_splits; checked on the first ring step, on every rank).
+        wire_dtype: None, or an FP8 wire dtype in which q, k, v and the output travel
+            (`fast_ulysses.wire`; every call then goes as an owned call and is dequantized to
+            q's dtype); the backward moves gradients in q's dtype.
 
     `forward(q, k, v, *, seq_splits=None, head_splits=None, layout="bshd")` takes this rank's
     sequence shards (bshd: (b, seq_splits[r], N, d)); k and v have one shape, q's or q's with
@@ -123,8 +127,12 @@ class UlyssesAttention(torch.nn.Module):
         *,
         pipeline: int = 1,
         ring_group=None,
+        wire_dtype=None,
     ):
         super().__init__()
+        if wire_dtype is not None:
+            check_wire_dtype(wire_dtype)
+        self.wire_dtype = wire_dtype
         if attn_fn is not None and not callable(attn_fn):
             raise FastUlyssesError(
                 f"attn_fn is {attn_fn!r}: it must be a callable attn_fn(q, k, v) -> o, or None "
@@ -153,6 +161,8 @@ class UlyssesAttention(torch.nn.Module):
         layout: str = "bshd",
     ) -> torch.Tensor:
         group = group_for(self.group)
+        if self.wire_dtype is not None:  # every call quantized, owned and dequantized
+            group = WireCalls(group, self.wire_dtype)
         # Checked here, before q's call: a refusal of k's or v's call once q's is out would
         # leave the borrowed calls' tags waiting for barrier().
         kv_heads = _check_qkv(q, k, v, layout)

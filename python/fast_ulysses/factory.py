@@ -135,6 +135,8 @@ class UlyssesGroupLike(Protocol):
         layout: str = "bshd",
         out: torch.Tensor | None = None,
         use_tma: bool | None = None,
+        wire_dtype: torch.dtype | None = None,
+        dequantize: bool = True,
     ) -> torch.Tensor: ...
 
     def all_to_all_single_4d_borrowed(
@@ -147,6 +149,8 @@ class UlyssesGroupLike(Protocol):
         head_splits: Sequence[int] | None = None,
         layout: str = "bshd",
         barrier: bool = True,
+        wire_dtype: torch.dtype | None = None,
+        dequantize: bool = True,
     ) -> torch.Tensor: ...
 
     def barrier(self) -> None: ...

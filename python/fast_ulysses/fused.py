@@ -145,6 +145,8 @@ def qk_norm_rope_all_to_all(
     layout: str = "bshd",
     borrowed: bool = False,
     barrier: bool = True,
+    wire_dtype: torch.dtype | None = None,
+    dequantize: bool = True,
 ) -> torch.Tensor:
     """RMSNorm and RoPE on this rank's q or k, then the mode-0 all-to-all; collective.
 
@@ -161,6 +163,9 @@ def qk_norm_rope_all_to_all(
         rope_style: "interleaved" (Wan, complex pairs) or "half" (rotate-half).
         borrowed: return the window (`all_to_all_single_4d_borrowed`'s rules) instead of a new
             tensor; barrier=False then defers the closing handshake to `group.barrier()`.
+        wire_dtype, dequantize: FP8 on the wire (`fast_ulysses.wire`). On either group the
+            norm and RoPE then run unfused (`norm_rope_reference`), then the wire call: the
+            quantize is not yet folded into the fused kernel.
 
     Returns:
         This rank's mode-0 output, (b, S, head_splits[r], d) for bshd, in x's dtype.
@@ -175,7 +180,9 @@ def qk_norm_rope_all_to_all(
     eps = _check_types(x, norm_weight, eps, cos, sin, norm, rope_style, layout)
     _check_grad(x)
     kw = dict(seq_splits=seq_splits, head_splits=head_splits, layout=layout)
-    if fallback:
+    if wire_dtype is not None or dequantize is not True:
+        kw.update(wire_dtype=wire_dtype, dequantize=dequantize)
+    if fallback or "wire_dtype" in kw:
         y = norm_rope_reference(
             x, norm_weight, eps, cos, sin, norm=norm, rope_style=rope_style, layout=layout
         )

@@ -163,7 +163,8 @@ def quantize(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
     payload = torch.where(scale > 0, (xf / scale).clamp(-top, top), 0.0)
     packed = torch.empty((*x.shape[:-1], d + SCALE_BYTES), dtype=wire_dtype, device=x.device)
     packed[..., :d].copy_(payload)
-    packed.view(torch.uint8)[..., d:].copy_(scale.view(torch.uint8))
+    scale_bytes = scale.reshape(-1).view(torch.uint8)  # (flat first: an empty x's strides)
+    packed.view(torch.uint8)[..., d:].copy_(scale_bytes.view(*x.shape[:-1], SCALE_BYTES))
     return packed
 
 
@@ -183,7 +184,7 @@ def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         scales = scale_bytes.view(torch.float32)
     except RuntimeError:  # rows not 4-byte aligned (d % 4 != 0): copy them out
-        scales = scale_bytes.contiguous().view(torch.float32)
+        scales = scale_bytes.clone(memory_format=torch.contiguous_format).view(torch.float32)
     return payload, scales.squeeze(-1)
 
 
@@ -246,3 +247,26 @@ def simulate(inputs, mode, wire_dtype, **kw) -> list[torch.Tensor]:
         check_input(x, f"inputs[{r}]")
     packed = plain([quantize(x, wire_dtype) for x in inputs], mode, **kw)
     return [dequantize(*unpack(p), dtype=x.dtype) for p, x in zip(packed, inputs)]
+
+
+class WireCalls:
+    """`group` with every call on a wire dtype (UlyssesAttention's, with wire_dtype): the owned
+    call with `wire_dtype`; a borrowed call goes as the owned call (the dequantized result is a
+    new tensor either way, so a window would save no copy), leaving `barrier()` nothing to
+    close. Everything else is the group's."""
+
+    def __init__(self, group, wire_dtype):
+        check_wire_dtype(wire_dtype)
+        self._group, self._wire_dtype = group, wire_dtype
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def all_to_all_single_4d(self, x, mode, tag=None, **kw):
+        return self._group.all_to_all_single_4d(x, mode, tag, wire_dtype=self._wire_dtype, **kw)
+
+    def all_to_all_single_4d_borrowed(self, x, mode, tag, *, barrier=True, **kw):
+        return self.all_to_all_single_4d(x, mode, tag, **kw)
+
+    def barrier(self) -> None:
+        pass
