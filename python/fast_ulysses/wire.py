@@ -156,16 +156,14 @@ def quantize(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
     check_wire_dtype(wire_dtype)
     check_input(x)
     x = x.detach()
-    d = x.shape[-1]
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True) / torch.finfo(wire_dtype).max
     top = torch.finfo(wire_dtype).max
-    payload = torch.where(scale > 0, (xf / scale).clamp(-top, top), 0.0)
-    packed = torch.empty((*x.shape[:-1], d + SCALE_BYTES), dtype=wire_dtype, device=x.device)
-    packed[..., :d].copy_(payload)
-    scale_bytes = scale.reshape(-1).view(torch.uint8)  # (flat first: an empty x's strides)
-    packed.view(torch.uint8)[..., d:].copy_(scale_bytes.view(*x.shape[:-1], SCALE_BYTES))
-    return packed
+    scale = xf.abs().amax(dim=-1, keepdim=True) / top
+    payload = torch.where(scale > 0, (xf / scale).clamp(-top, top), 0.0).to(wire_dtype)
+    # The scale's bytes as wire-dtype elements (flat first: an empty x's strides). One cat, not
+    # slice writes into an empty tensor: inductor cannot lower those for FP8.
+    scale_bytes = scale.reshape(-1).view(torch.uint8).view(wire_dtype)
+    return torch.cat([payload, scale_bytes.view(*x.shape[:-1], SCALE_BYTES)], dim=-1)
 
 
 def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

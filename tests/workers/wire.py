@@ -17,6 +17,8 @@ All ranks join one world; for each P the last P ranks form a subgroup. Per P, ch
 - attention_P<p>: UlyssesAttention(wire_dtype=) (plain, GQA, pipeline=2) equals, bit for bit,
   the plain module run on round-tripped q, k, v with its output rows round-tripped, and stays
   within the row bound of that output;
+- ring_P4 (gloo, a world of 4: the full tier's launch): UlyssesAttention(wire_dtype=) over
+  Ulysses groups {0, 1}, {2, 3} and rings {0, 2}, {1, 3} (USP), as attention_P<p>;
 - fused_P<p>: qk_norm_rope_all_to_all(..., wire_dtype=) equals the plain call of the round-trip
   of norm_rope_reference(x).
 """
@@ -28,6 +30,7 @@ import itertools
 import sys
 
 import torch
+import torch.distributed as dist
 from multirank import run_on_subgroups, subgroup_sizes
 
 import fast_ulysses as fu
@@ -71,7 +74,7 @@ def rank_inputs(P, mode, layout, seq, heads, dtype, seed):
 
 
 def split_cases(P):
-    uneven = ([(3 * r + 2) % 4 for r in range(P)], [2, 1, 0][:P]) if P > 1 else ([3], [3])
+    uneven = ([(3 * r + 2) % 4 for r in range(P)], [2, 1, 0, 1][:P]) if P > 1 else ([3], [3])
     return [(None, None), uneven]
 
 
@@ -159,8 +162,23 @@ def check_attention(group, P, device) -> None:
         assert ((got.float() - inner.float()).abs() <= amax * 2**-4).all(), name
 
 
+def check_ring(device) -> None:
+    rank = dist.get_rank()  # (a world of 4: every rank makes every new_group, in one order)
+    ulysses = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    rings = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = fu.TorchUlyssesGroup(ulysses[rank // 2])
+    g = torch.Generator().manual_seed(rank)
+    q, k, v = (torch.randn(1, 3, 4, D, generator=g).to(device) for _ in range(3))
+    got = fu.UlyssesAttention(group, ring_group=rings[rank % 2], wire_dtype=E4M3)(q, k, v)
+    inner = fu.UlyssesAttention(group, ring_group=rings[rank % 2])(
+        *(roundtrip(t, E4M3) for t in (q, k, v))
+    )
+    same(got, roundtrip(inner, E4M3), "UlyssesAttention with a ring")
+    group.destroy()
+
+
 def check_fused(group, P, device) -> None:
-    seq, heads = [3, 1, 4][:P], [2, 0, 3][:P]
+    seq, heads = [3, 1, 4, 2][:P], [2, 0, 3, 1][:P]
     g = torch.Generator().manual_seed(P)
     x = (torch.randn(2, seq[group.rank], sum(heads), D, generator=g) * 3).to(device)
     w = (torch.rand(sum(heads) * D, generator=g) + 0.5).to(device)
@@ -201,6 +219,9 @@ def main() -> int:
             with report.check(f"{name}_P{P}"):
                 fn(group, P, device)
         group.destroy()
+        if P == 4 and not args.shared_gpu:
+            with report.check("ring_P4"):
+                check_ring(device)
 
     return run_on_subgroups(args.shared_gpu, body)
 
@@ -216,7 +237,7 @@ def check_names(world: int, shared_gpu: bool = False, debug: bool = False) -> li
         for P in subgroup_sizes(world, shared_gpu)
         for c in ("moved", "mismatch", "grads", "attention", "fused")
         if c != "mismatch" or checks_mismatch(P, shared_gpu, debug)
-    ]
+    ] + (["ring_P4"] if world == 4 and not shared_gpu else [])
 
 
 if __name__ == "__main__":
