@@ -4,15 +4,7 @@ The fallback `make_group` picks where the fast path would lose (GPUs on differen
 over PCIe, no P2P, a group spanning nodes) and the reference for tests. It works on any backend
 whose `all_to_all_single` takes split sizes: gloo on CPU tensors, NCCL on GPUs.
 
-How one call moves data. Let `split` be the dimension the sender cuts (heads in mode 0,
-sequence in mode 1) and `cat` the one the receiver joins (sequence in mode 0, heads in mode 1).
-Every chunk travels in the order "cat first, then the other dimensions in layout order", so that
-the receive buffer is the output with `cat` moved to the front: a regular tensor whatever the
-splits. The sender copies its chunks into that order (one pass over x); the receiver permutes
-back (one pass), and skips even that where the permuted view is already contiguous (sbhd mode 0,
-or bshd mode 0 with b == 1). Either way the result has waited for the collective (on NCCL a
-stream wait, not a host block), so a result that is never used leaves no unwaited work behind.
-Bytes travel as uint8, so every 1-, 2- and 4-byte dtype is moved bit for bit.
+How one call moves data: `fast_ulysses.torch_exchange`; its checks: `fast_ulysses.torch_checks`.
 
 Before any data moves, every call at P > 1 checks that the ranks agree on it: one small int64
 all-gather of what each rank believes the call is (`fast_ulysses.call_check` says what is compared
@@ -22,22 +14,18 @@ FAST_ULYSSES_DEBUG=1 the debug check (`fast_ulysses.debug.check_agreement`) runs
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from . import wire
 from ._ops import _C
-from .arguments import as_pool_bytes, check_tag, group_repr
-from .autograd import TorchAllToAll, check_borrowed_grad
+from .arguments import as_pool_bytes, group_repr
+from .autograd import TorchAllToAll
 from .call_check import BORROWED, OWNED, CallCheck, agreed_settings
-from .debug import check_agreement
 from .errors import FastUlyssesError, public, refused
-from .plan import Plan
-from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision
+from .torch_checks import CallChecks, device_types, read_once
+from .torch_exchange import exchange
 from .upstream import (
     UpstreamNames,
     as_device,
@@ -45,10 +33,10 @@ from .upstream import (
     check_use_tma,
     is_device_argument,
 )
-from .validation import check_barrier, plan_call, window_bytes_by_tag
+from .validation import window_bytes_by_tag
 
 
-class TorchUlyssesGroup(UpstreamNames):
+class TorchUlyssesGroup(CallChecks, UpstreamNames):
     """The Ulysses all-to-alls on `torch.distributed`: permute, `all_to_all_single` with split
     sizes, permute back. Bit-exact with `UlyssesGroup` and `fast_ulysses.simulate`.
 
@@ -144,7 +132,7 @@ class TorchUlyssesGroup(UpstreamNames):
                 f"make_group"
             )
         self.fallback_reason = "requested" if decision is None else decision.reason
-        self._device_types = _device_types(process_group)
+        self._device_types = device_types(process_group)
         self._destroyed = False
         self._debug, check = agreed_settings(process_group, self.world_size)
         self._calls = 0
@@ -218,16 +206,16 @@ class TorchUlyssesGroup(UpstreamNames):
         try:
             if use_tma is not None:
                 check_use_tma(use_tma)
-            seq_splits, head_splits = _read_once(seq_splits), _read_once(head_splits)
+            seq_splits, head_splits = read_once(seq_splits), read_once(head_splits)
             tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out)
             if out is not None:
-                return _exchange(x, p, self.process_group, out)
+                return exchange(x, p, self.process_group, out)
             if not (x.requires_grad and torch.is_grad_enabled()):
-                return _exchange(x, p, self.process_group)
+                return exchange(x, p, self.process_group)
             return TorchAllToAll.apply(
                 x,
                 self,
-                lambda: _exchange(x, p, self.process_group),
+                lambda: exchange(x, p, self.process_group),
                 p.mode,
                 tag,
                 seq_splits,
@@ -263,11 +251,11 @@ class TorchUlyssesGroup(UpstreamNames):
                 seq_splits=seq_splits, head_splits=head_splits, layout=layout, barrier=barrier,
             )  # fmt: skip
         try:
-            seq_splits, head_splits = _read_once(seq_splits), _read_once(head_splits)
+            seq_splits, head_splits = read_once(seq_splits), read_once(head_splits)
             tag, p = self._checked(
                 BORROWED, x, mode, tag, seq_splits, head_splits, layout, barrier, None
             )
-            result = _exchange(x, p, self.process_group)
+            result = exchange(x, p, self.process_group)
         except ValueError as error:
             raise refused(error) from None
         if not barrier:
@@ -348,253 +336,3 @@ class TorchUlyssesGroup(UpstreamNames):
             reason=self.fallback_reason,
             destroyed=self._destroyed,
         )
-
-    # -- checks ----------------------------------------------------------------------------
-
-    @torch.compiler.disable  # host-side: the checks and their collective stay out of traces
-    def _checked(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
-        """Checks one call of entry `name` (with FAST_ULYSSES_DEBUG=1 through
-        `check_agreement`; else at P > 1 through the call check, `_agree`), records its tag's
-        window, and returns (tag, plan). `barrier` is None for the owned entry. Raises
-        ValueError (the entry points make it a FastUlyssesError)."""
-        self._check_alive()
-        if self._call_check is not None:
-            return self._commit(
-                self._agree(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
-            )
-        if not self._debug:
-            return self._commit(
-                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
-            )
-        if name == OWNED and tag is None and isinstance(x, torch.Tensor):
-            tag = resolve_tag(tag, x, mode, layout)
-        prepared = []
-        self._calls += 1
-        # Every check of `_prepare` runs inside check_agreement's, so that a rank that refuses
-        # its own call (its out=, a tag rule) still joins the gather and every rank raises.
-        check_agreement(
-            self.process_group,
-            self.rank,
-            self.world_size,
-            self._calls,
-            name,
-            x,
-            mode,
-            tag,
-            seq_splits,
-            head_splits,
-            layout,
-            () if barrier is None else (barrier,),
-            check_device=lambda _: prepared.append(
-                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
-            ),
-        )
-        return self._commit(prepared[0])
-
-    def _prepare(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
-        """This rank's checks of one call, with no effect on the group: the entry point's
-        rules, the plan, the device rule, the tag rules and `out`. Returns (tag, plan, the tag's
-        new window size or None); raises ValueError."""
-        if name == BORROWED:
-            check_borrowed_tag(tag)
-            check_borrowed_grad(x)
-            check_barrier(barrier)
-        else:
-            tag = resolve_tag(tag, x, mode, layout)
-        check_tag(tag)
-        p = plan_call(
-            x,
-            self.world_size,
-            self.rank,
-            mode,
-            seq_splits=seq_splits,
-            head_splits=head_splits,
-            layout=layout,
-        )
-        _check_device(x, self._device_types)
-        self._use_tag(tag)
-        held = self._windows.get(tag, -1)
-        window = None
-        if p.window_bytes > held:
-            window = _C.window_for_call(tag, p.window_bytes, held, self._sealed)
-        if out is not None:
-            _check_out(out, x, p)
-        return tag, p, window
-
-    def _commit(self, prepared) -> tuple[str, Plan]:
-        tag, p, window = prepared
-        if window is not None:
-            self._windows[tag] = window
-        return tag, p
-
-    def _agree(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
-        """`_prepare` under the call check (`fast_ulysses.call_check.CallCheck.agree`): returns
-        its result when every rank makes the same valid call; else raises on every rank."""
-        self._calls += 1
-        return self._call_check.agree(
-            self._calls,
-            lambda: self._prepare(
-                name, x, mode, tag, seq_splits, head_splits, layout, barrier, out
-            ),
-            name,
-            x,
-            mode,
-            tag,
-            seq_splits,
-            head_splits,
-            layout,
-            barrier,
-            out,
-        )
-
-    def _use_tag(self, tag: str) -> None:
-        """The fast group's tag rules: at most `limits()["max_tags"]` distinct tags, and none
-        deferred by barrier=False before `barrier()` (ValueError, the transport's message)."""
-        known = tag in self._windows
-        if not known or tag in self._deferred:
-            _C.check_tag_use(tag, len(self._windows), known, tag in self._deferred)
-
-    def _check_alive(self) -> None:
-        if self._destroyed:
-            raise FastUlyssesError(
-                "this TorchUlyssesGroup was destroyed: build a new group "
-                "with fast_ulysses.make_group"
-            )
-
-
-def _device_types(process_group) -> frozenset[str]:
-    """The device types the process group's backends move tensors of (gloo: cpu and cuda;
-    NCCL: cuda). Never meta: a meta tensor holds no data to send."""
-    return frozenset(device.type for device in process_group._device_types) - {"meta"}
-
-
-def _check_device(x: torch.Tensor, device_types: frozenset[str]) -> None:
-    """The fallback's device rule: x on a device type its process group moves (the call
-    check compares the device type across ranks). FastUlyssesError naming the device."""
-    if x.device.type not in device_types:
-        raise FastUlyssesError(
-            f"x is on {x.device}: this group's process group moves tensors on "
-            f"{' or '.join(sorted(device_types))} only (a meta tensor holds no data to send)"
-        )
-
-
-def _read_once(splits):
-    """Splits given as a one-shot iterable (a generator) read into a list once, so that the
-    checks, the plan and the backward all see the same values; None, a list, a tuple, a str
-    and anything that is not iterable as given (the plan refuses what is not a sequence of
-    ints, under the call check, so every rank learns of it: this never raises)."""
-    if splits is None or type(splits) is list or type(splits) is tuple:
-        return splits
-    if isinstance(splits, (str, bytes)):
-        return splits
-    try:
-        return list(splits)
-    except Exception:  # noqa: BLE001 - refused by the plan, on every rank
-        return splits
-
-
-def _check_out(out, x: torch.Tensor, p: Plan) -> None:
-    """The rules of `out=`, in the fast group's words: a tensor, no autograd, x's device and
-    dtype, the call's output shape, contiguous, sharing no bytes with x (FastUlyssesError
-    naming the mismatch)."""
-    if not isinstance(out, torch.Tensor):
-        raise FastUlyssesError(
-            f"out is a {type(out).__name__}: it must be a torch.Tensor (or None)"
-        )
-    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
-        which = "an input that requires grad" if x.requires_grad else "an out that requires grad"
-        raise FastUlyssesError(
-            f"out= with {which}: out= records no backward; call without "
-            "out= when gradients are needed"
-        )
-    if out.device != x.device:
-        raise FastUlyssesError(
-            f"out is on {out.device} but x is on {x.device}: out must be on x's device"
-        )
-    if out.dtype != x.dtype:
-        raise FastUlyssesError(
-            f"out has dtype {out.dtype} but x has {x.dtype}: out must have x's dtype"
-        )
-    if tuple(out.shape) != p.output_shape:
-        raise FastUlyssesError(
-            f"out has shape {list(out.shape)} but the call's output is "
-            f"{list(p.output_shape)}: out must have the output's shape"
-        )
-    if not out.is_contiguous():
-        raise FastUlyssesError(
-            f"out (shape {list(out.shape)}, strides {list(out.stride())}) "
-            "is not contiguous: out must be a contiguous tensor"
-        )
-    # x's span, as the fast path's byte_range: a strided x (a packed view) reaches further than
-    # numel elements.
-    size = x.element_size()
-    x_end = x.data_ptr() + (sum((n - 1) * st for n, st in zip(x.shape, x.stride())) + 1) * size
-    if (
-        out.numel()
-        and x.numel()
-        and out.data_ptr() < x_end
-        and x.data_ptr() < out.data_ptr() + out.numel() * size
-    ):
-        raise FastUlyssesError(
-            "out overlaps x in memory: the call reads x while it writes out; "
-            "pass an out that shares no bytes with x"
-        )
-
-
-def _axes(p: Plan) -> tuple[int, list[int], list[int], list[int]]:
-    """(split dim, sender's splits, receiver's splits, chunk order) of a call."""
-    dims = {axis: k for k, axis in enumerate(p.layout)}  # a layout's name is its axis order
-    if p.mode == 0:
-        split, cat, send, recv = dims["h"], dims["s"], p.head_splits, p.seq_splits
-    else:
-        split, cat, send, recv = dims["s"], dims["h"], p.seq_splits, p.head_splits
-    order = [cat] + [k for k in range(4) if k != cat]
-    return split, send, recv, order
-
-
-def _exchange(x: torch.Tensor, p: Plan, group, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Moves one checked call's data: returns the output, written into `out` when given."""
-    split, send_splits, recv_splits, order = _axes(p)
-    es = x.element_size()
-    xs = x.permute(order)
-    pos = order.index(split)
-    send = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
-    in_bytes, offset = [], 0
-    for start, count in _ranges(send_splits):
-        chunk = xs.narrow(pos, start, count)
-        send[offset : offset + chunk.numel()].view(chunk.shape).copy_(chunk)
-        offset += chunk.numel()
-        in_bytes.append(chunk.numel() * es)
-    out_c = [p.output_shape[k] for k in order]  # the output, cat dimension first
-    row = math.prod(out_c[1:]) * es  # bytes of one cat-dimension slice
-    out_bytes = [count * row for count in recv_splits]
-    if out is not None and all(p.output_shape[k] == 1 for k in range(order[0])):
-        # The output in "cat first" order is out itself (only size-1 dimensions precede cat):
-        # receive straight into it.
-        dist.all_to_all_single(
-            out.view(-1).view(torch.uint8), send.view(torch.uint8), out_bytes, in_bytes, group=group
-        )
-        return out
-    recv = funcol.all_to_all_single(send.view(torch.uint8), out_bytes, in_bytes, group)
-    if isinstance(recv, funcol.AsyncCollectiveTensor):
-        # Wait now (a stream wait on NCCL): an AsyncCollectiveTensor that is never used would
-        # leave its work unwaited, and torch warns about that at exit.
-        recv = recv.wait()
-    result = recv.view(x.dtype).view(out_c).permute(_inverse(order))
-    if out is not None:
-        return out.copy_(result)
-    return result if result.is_contiguous() else result.contiguous()
-
-
-def _ranges(splits):
-    start = 0
-    for count in splits:
-        yield start, count
-        start += count
-
-
-def _inverse(order: list[int]) -> list[int]:
-    inverse = [0] * len(order)
-    for position, dim in enumerate(order):
-        inverse[dim] = position
-    return inverse
