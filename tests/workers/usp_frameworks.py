@@ -20,9 +20,10 @@ undone after), and compares:
   backward (`pytorch_attn_backward` raises).
 - xfuser_usp_P4: xDiT's `USP()` (xfuser.model_executor.layers.usp; the ring is torch's
   `_templated_ring_attention` on the ring group) with backend `SDPA_FLASH`, after
-  `patch_xfuser()`, separate and combined q/k/v exchanges: forward bit for bit against xDiT's
-  own, within float32 rounding of one process; xDiT's `_sdpa_all_to_all_single` 4 (2 combined)
-  times unpatched, ours 4 (2) patched. Forward only (xDiT is an inference engine). Stand-ins:
+  `patch_xfuser()`, separate and combined q/k/v exchanges, and GQA (k, v with half q's heads,
+  `kv_head_repeat=2`, combined): forward bit for bit against xDiT's own, within float32
+  rounding of one process; xDiT's `_sdpa_all_to_all_single` 4 (2 combined) times unpatched,
+  ours 4 (2) patched. Forward only (xDiT is an inference engine). Stand-ins:
   USP's parallel-state getters (world sizes, runtime state with FP8 comms and head balance
   off), as `initialize_model_parallel` would fill them; its groups are yunchang's
   PROCESS_GROUP, which it reads. With --shared-gpu only (xDiT defines it only where CUDA is
@@ -279,35 +280,44 @@ def check_xfuser(device) -> str:
     usp = usp_module(upstream_nodeps.load("xfuser", "xfuser.model_executor.layers.usp"), groups)
     group = group_for(groups.ULYSSES_PG)
     (q, k, v), rows = qkv_case(device)
-    local = [t[:, rows].transpose(1, 2).contiguous() for t in (q, k, v)]  # xDiT's (b, h, s, d)
     counted = Counted()
     counted.wrap(usp, "_sdpa_all_to_all_single", "xdit")
     counted.wrap(group, "all_to_all_single_4d", "ours")
 
-    def run(combine):
+    def run(tensors, **kwargs):
+        local = [t[:, rows].transpose(1, 2).contiguous() for t in tensors]  # xDiT's (b, h, s, d)
         counted.reset()
         with torch.no_grad():
-            out = usp.USP(*local, combine_qkv_a2a=combine)
+            out = usp.USP(*local, **kwargs)
         return out.transpose(1, 2), counted.reset()
 
-    want = one_process(q, k, v)[:, rows]
+    # GQA: k and v with half q's heads, repeated after the exchange (kv_head_repeat).
+    kv = [t[:, :, ::2].contiguous() for t in (k, v)]
+    cases = (
+        ((q, k, v), dict(combine_qkv_a2a=False), 4, (q, k, v)),
+        ((q, k, v), dict(combine_qkv_a2a=True), 2, (q, k, v)),
+        ((q, *kv), dict(combine_qkv_a2a=True, kv_head_repeat=2), 2,
+         (q, *(t.repeat_interleave(2, dim=2) for t in kv))),
+    )  # fmt: skip
     details = []
-    for combine, calls in ((False, 4), (True, 2)):
-        own, seen_own = run(combine)
+    for tensors, kwargs, calls, whole in cases:
+        own, seen_own = run(tensors, **kwargs)
         try:
             patched = xfuser.patch_xfuser()
             assert f"{usp.__name__}._ft_c_input_all_to_all" in patched, patched
-            out, seen = run(combine)
+            out, seen = run(tensors, **kwargs)
         finally:
             xfuser.unpatch_xfuser()
-        what = f"combine_qkv_a2a={combine}"
+        what = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         assert seen_own == {"xdit": calls}, f"{what}, unpatched: {seen_own}, want xDiT's {calls}"
         assert seen == {"ours": calls}, f"{what}, patched: {seen}, want ours {calls}"
         wan.assert_equal(f"{what}: output against xDiT's own", out, own)
+        want = one_process(*whole)[:, rows]
         details.append(f"{what}: {seen_own} -> {seen}, {close(what, out, want):.1e}")
     counted.unwrap()
     if device.type == "cuda":  # xDiT defines the layer only where CUDA is available
         layers = upstream_nodeps.load("xfuser", "xfuser.core.long_ctx_attention")
+        want = one_process(q, k, v)[:, rows]
         details.append(check_xfuser_layer(layers, groups, (q, k, v), rows, want))
     return "; ".join(details)
 
