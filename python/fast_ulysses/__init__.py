@@ -22,10 +22,9 @@ from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
 from .ring import ring_attention
 from .tags import auto_tag, backward_tag
 from .torch_group import TorchUlyssesGroup
-from .upstream import (
+from .upstream import AsyncHandle, CompletedTensor
+from .upstream_options import (
     SUPPORTED_WORLD_SIZES,
-    AsyncHandle,
-    CompletedTensor,
     norm_rope,
     nvlink_matrix,
     supports_dtype,

@@ -22,8 +22,8 @@ from .debug import check_agreement, debug_enabled, register_debugged, unregister
 from .errors import FastUlyssesError, public, refused
 from .tags import check_borrowed_tag, resolve_tag
 from .topology import Decision, decide, shared_gpu_pair
-from .upstream import (
-    UpstreamNames,
+from .upstream import UpstreamNames
+from .upstream_options import (
     as_device,
     check_upstream_options,
     check_use_tma,
@@ -46,9 +46,9 @@ class UlyssesGroup(UpstreamNames):
             here is taken as `device` (the upstream's second argument).
         device: this rank's GPU (default: the current CUDA device).
         require_nvlink: refuse a group with two ranks on GPUs whose link is known not to be
-            NVLink (`fast_ulysses.upstream.nvlink_refusal`); make_group passes False (its own
+            NVLink (`fast_ulysses.upstream_options.nvlink_refusal`); make_group passes False (its own
             rules decide).
-        backend: "pitched", the one transport (`fast_ulysses.upstream.check_backend`).
+        backend: "pitched", the one transport (`fast_ulysses.upstream_options.check_backend`).
         decision, topology: the `fast_ulysses.topology.Decision` make_group reached for this
             group and the `Topology` it judged (make_group passes both); when None, the group
             gathers the topology over the process group (collective) and decides with
@@ -169,7 +169,7 @@ class UlyssesGroup(UpstreamNames):
                 sharing no bytes with x or the tag's window, to fill instead of a new tensor
                 (not with an input that requires grad: out= records no backward).
             use_tma: accepted for code written against the upstream (None or a bool); every
-                call takes the same path (`fast_ulysses.upstream.check_use_tma`).
+                call takes the same path (`fast_ulysses.upstream_options.check_use_tma`).
             wire_dtype, dequantize: FP8 on the wire (`fast_ulysses.wire`; docs/API.md, "FP8 on
                 the wire"): with `out`, out is x's dtype, filled with the dequantized result.
 

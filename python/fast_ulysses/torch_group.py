@@ -26,8 +26,8 @@ from .errors import FastUlyssesError, public, refused
 from .topology import Decision
 from .torch_checks import CallChecks, device_types, read_once
 from .torch_exchange import exchange
-from .upstream import (
-    UpstreamNames,
+from .upstream import UpstreamNames
+from .upstream_options import (
     as_device,
     check_upstream_options,
     check_use_tma,
@@ -44,7 +44,7 @@ class TorchUlyssesGroup(CallChecks, UpstreamNames):
         process_group: the ranks of the sequence-parallel group (None: the default group).
         initial_pool_bytes: accepted for signature parity with `UlyssesGroup`; unused (>= 0).
         device, require_nvlink, backend: UlyssesGroup's, checked by the same rules
-            (`fast_ulysses.upstream.check_upstream_options`), so code written for it builds this
+            (`fast_ulysses.upstream_options.check_upstream_options`), so code written for it builds this
             group unchanged. `device` is kept as `self.device` (None: not given); there are no
             peer mappings here, so there is no link to require; `backend` says what was asked
             for, while `self.backend` is "torch", what runs.
