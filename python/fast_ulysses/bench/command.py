@@ -24,7 +24,7 @@ from ..head_groups import head_groups
 from ..plan import DTYPE_NAMES
 from ..presets import PRESETS, even_splits
 from ..topology import MAX_RANKS
-from . import usp
+from . import usp, wire
 
 # The payloads the benchmark's presets are measured in: a subset of fast_ulysses.plan's names.
 DTYPES = {name: DTYPE_NAMES[name] for name in ("bf16", "fp16")}
@@ -77,12 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shape", type=full_shape, help="custom full shape b,S,N,d (sequence and heads unsplit)"
     )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type")
-    p.add_argument(
-        "--text-tokens",
-        type=integer(256, minimum=0),
-        default=0,
-        help="tokens added to every sequence",
-    )
+    tokens = integer(256, minimum=0)
+    p.add_argument("--text-tokens", type=tokens, default=0, help="tokens added to every sequence")
     p.add_argument("--modes", type=mode_list, default="0,1", help="modes to run, comma-separated")
     p.add_argument(
         "--iters", type=integer(50, minimum=1), default=50, help="timed calls per median"
@@ -136,6 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "against SDPA; auto: 2 where P is even, 1 at P = 1; an R that does not divide P: the "
         "row says it is skipped; 0: no USP row)",
     )
+    wire.add_argument(p)
     p.add_argument(
         "--nproc",
         type=integer(4, minimum=1, maximum=MAX_RANKS),
@@ -247,6 +244,7 @@ def worker(args) -> dict | None:
         fused=args.fused,
         pipeline=args.pipeline,
         ring_degree=args.ring_degree,
+        wire=args.wire,
     )
     ctx.baseline_group, note = dist.group.WORLD, "torch.distributed all_to_all_single (NCCL)"
     if args.shared_gpu and P > 1:

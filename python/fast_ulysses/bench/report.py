@@ -118,6 +118,35 @@ def usp_rows(label: str, u: dict | None) -> list[list[str]]:
     ]
 
 
+def wire_rows(label: str, w: dict | None, r: dict) -> list[list[str]]:
+    """--wire: the copy and borrowed calls with FP8 on the wire (ms, GB/s over the caller's
+    bytes, the time over the plain call's, host us), each with its largest error against the
+    plain call's result (absolute, and over the input's amax), or the error in their place."""
+    if w is None:
+        return []
+    name = f"FP8 wire {w['format']}"
+    if w["error"] is not None:
+        return [[label, name, f"{NA}: {w['error'][:ERROR_CHARS]}", "", "", ""]]
+    out = []
+    for call, plain_key in (("copy", "fast_copy_ms"), ("borrowed", "fast_borrowed_ms")):
+        ms, plain, err = w[f"{call}_ms"], r[plain_key], w[f"{call}_max_abs_error"]
+        amax = w["input_amax"]
+        rel = f" ({err / amax:.3g} of amax)" if amax else ""
+        cost = NA if not plain or ms is None else f"{ms / plain:.2f}x plain's time"
+        host = w[f"{call}_host_us"]
+        out.append(
+            [
+                label,
+                f"{name} {call} (quantize + a2a + dequantize), max |err| {err:.3g}{rel}",
+                _ms(ms),
+                _gbps(r["bytes_in"], ms),
+                cost,
+                NA if host is None else f"{host:.1f}",
+            ]
+        )
+    return out
+
+
 def rows(results: dict) -> list[list[str]]:
     """One row per (case, mode, variant): ms, GB/s (bytes this rank sends / time), speedup
     against the permute + all_to_all_single + permute baseline, host us per call (per replay
@@ -195,6 +224,7 @@ def rows(results: dict) -> list[list[str]]:
                 )
         out.extend(attention_rows(label, r.get("attention")))
         out.extend(usp_rows(label, r.get("usp")))
+        out.extend(wire_rows(label, r.get("wire"), r))
         for key, name in (("baseline_overlap", "baseline"), ("fast_overlap", "fast copy")):
             out.append([label, f"overlap {name}", overlap_text(r.get(key)), "", "", ""])
     return out

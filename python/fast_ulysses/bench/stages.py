@@ -6,7 +6,8 @@ buffer. fast-ulysses: the copy and borrowed entry points; the own-share relayout
 `copy_` of the same strided chunk on this GPU); GEMM-chain overlap; host CPU per call;
 with --graph, CUDA-graph replays of one captured call of each entry point; with --pipeline G,
 UlyssesAttention with pipeline=G against pipeline=1 (bench/attention.py); with --ring-degree R,
-UlyssesAttention with ring steps against plain Ulysses (bench/usp.py).
+UlyssesAttention with ring steps against plain Ulysses (bench/usp.py); with --wire, the copy and
+borrowed calls with FP8 on the wire and their error against the plain call (bench/wire.py).
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ def run_case(case: Case, mode: int, ctx) -> dict:
     """Times every stage of one (case, mode) on this rank; numbers in ms, host in us.
     `ctx` has: rank, device, fast (UlyssesGroup), baseline_group (None when it cannot run),
     iters, warmup, gemm_size, gemms ("auto", a count, or 0: no overlap), overlap_repeats,
-    graph (time CUDA-graph replays too), optionally fused, pipeline (0: no attention row) and
-    ring_degree (0: no USP row)."""
+    graph (time CUDA-graph replays too), optionally fused, pipeline (0: no attention row),
+    ring_degree (0: no USP row) and wire (a format's name, or None: no wire row)."""
     x = (torch.randn(case.input_shape(ctx.rank, mode), device=ctx.device) * 2).to(case.dtype)
     copy, borrowed = _entry_points(ctx.fast, x, mode, f"{case.name}-{mode}", case.kwargs())
     r = {"bytes_in": x.numel() * x.element_size()}
@@ -230,6 +231,10 @@ def run_case(case: Case, mode: int, ctx) -> dict:
         from .usp import run_usp
 
         r["usp"] = run_usp(case, ctx, x)
+    if getattr(ctx, "wire", None):  # the same calls with FP8 on the wire, and their error
+        from .wire import run_wire
+
+        r["wire"] = run_wire(case, mode, ctx, x, copy)
     if ctx.graph:  # own tags: one eager call sizes their windows, then capture and replay
         g_copy, g_borrowed = _entry_points(
             ctx.fast, x, mode, f"{case.name}-{mode}-g", case.kwargs()
