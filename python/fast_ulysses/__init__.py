@@ -18,8 +18,9 @@ from .factory import UlyssesGroupLike, make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
 from .group import UlyssesGroup
 from .mesh import usp_mesh
-from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan, simulate
+from .plan import DTYPE_NAMES, CopyDescriptor, Plan, plan
 from .ring import ring_attention
+from .simulation import simulate
 from .tags import auto_tag, backward_tag
 from .torch_group import TorchUlyssesGroup
 from .upstream import AsyncHandle, CompletedTensor

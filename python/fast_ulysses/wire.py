@@ -237,7 +237,7 @@ def _receive(moved, dtype, dequantize_, out=None):
 def simulate(inputs, mode, wire_dtype, **kw) -> list[torch.Tensor]:
     """`fast_ulysses.simulate` with a wire dtype: every input quantized, the packed tensors
     moved by the plan, every output dequantized to its input's dtype."""
-    from .plan import simulate as plain
+    from .simulation import simulate as plain
 
     if not isinstance(inputs, (list, tuple)):
         return plain(inputs, mode, **kw)  # its message for inputs that are not a sequence
