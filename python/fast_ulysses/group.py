@@ -5,7 +5,6 @@ signals is in C++."""
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Iterable, Sequence
@@ -16,26 +15,24 @@ import torch.distributed._functional_collectives as funcol
 
 from . import wire
 from ._ops import _C, cuda_load_error, cuda_module, ops
-from .arguments import as_mode, as_pool_bytes, as_splits, check_tag, group_repr
+from .arguments import as_mode, as_pool_bytes, as_splits, group_repr
 from .autograd import check_borrowed_grad
-from .debug import check_agreement, debug_enabled, register_debugged, unregister_debugged
+from .debug import debug_enabled, register_debugged, unregister_debugged
 from .errors import FastUlyssesError, public, refused
+from .group_checks import FastCallChecks, check_decision, forget, forget_collected
 from .tags import check_borrowed_tag, resolve_tag
-from .topology import Decision, decide, shared_gpu_pair
+from .topology import Decision
 from .upstream import UpstreamNames
 from .upstream_options import (
     as_device,
     check_upstream_options,
     check_use_tma,
     is_device_argument,
-    nvlink_refusal,
 )
 from .validation import check_barrier
 
-_warned_shared_gpu = False
 
-
-class UlyssesGroup(UpstreamNames):
+class UlyssesGroup(FastCallChecks, UpstreamNames):
     """Ulysses all-to-alls over one node's GPUs, with copy-engine writes into peers' windows.
 
     Arguments:
@@ -114,17 +111,16 @@ class UlyssesGroup(UpstreamNames):
         self._calls = 0
         self._destroyed = False
         # (Collective, and first: a setting refused on any rank raises on every rank here.)
-        _check_decision(self.process_group, self.device, decision, topology, require_nvlink)
+        check_decision(self.process_group, self.device, decision, topology, require_nvlink)
         self._debug = debug_enabled()
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
         with warnings.catch_warnings():  # needed on torch 2.10, a deprecated no-op on 2.11
             warnings.simplefilter("ignore", FutureWarning)
             enable_symm_mem_for_group(self.group_name)
-        while _unforgotten:  # (outside any capture: construction allocates)
-            ops.forget_group(_unforgotten.pop())
+        forget_collected()  # (outside any capture: construction allocates)
         self.group_name = ops.create_group(self.group_name, self.device.index, initial_pool_bytes)
-        self._forget = weakref.finalize(self, _forget, self.group_name)
+        self._forget = weakref.finalize(self, forget, self.group_name)
         self._forget.atexit = False  # at exit the process's CUDA state goes anyway
         if self._debug:  # the backward (autograd.py) checks its calls through this group
             register_debugged(self)
@@ -398,100 +394,4 @@ class UlyssesGroup(UpstreamNames):
             False,
             device=self.device,
             destroyed=self._destroyed,
-        )
-
-    # -- checks ----------------------------------------------------------------------------
-
-    def _check_live(self) -> None:
-        if self._destroyed:
-            raise FastUlyssesError("this UlyssesGroup was destroyed: create a new one")
-
-    def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
-        self._check_live()
-        if self._debug:  # every rank learns of every rank's problem: all raise, none waits
-            self._calls += 1
-            check_agreement(
-                self.process_group,
-                self.rank,
-                self.world_size,
-                self._calls,
-                name,
-                x,
-                mode,
-                tag,
-                seq_splits,
-                head_splits,
-                layout,
-                extra,
-                check_device=lambda t: self._check_tensor(t, device=True),
-            )
-        else:
-            self._check_tensor(x)
-            check_tag(tag)
-
-    def _check_tensor(self, x, *, device: bool = False) -> None:
-        # The op checks the rest itself (device, shape, dtype), in C++; the debug path asks the
-        # group's C++ device rule first, so that every rank learns of it before anything is sent.
-        if not isinstance(x, torch.Tensor):
-            raise FastUlyssesError(f"x is a {type(x).__name__}: it must be a torch.Tensor")
-        if device:
-            ops.check_device(self.group_name, x)
-
-
-_unforgotten: list[str] = []  # groups collected during a CUDA-graph capture
-
-
-def _forget(key: str) -> None:
-    """A collected group's finalizer: `forget_group` drains the device, which a capture forbids,
-    so a group collected during one is forgotten at the next group's construction instead."""
-    if torch.cuda.is_current_stream_capturing():
-        _unforgotten.append(key)
-        return
-    while _unforgotten:
-        ops.forget_group(_unforgotten.pop())
-    ops.forget_group(key)
-
-
-def _check_decision(
-    group: dist.ProcessGroup,
-    device: torch.device,
-    decision: Decision | None,
-    topology,
-    require_nvlink: bool,
-) -> None:
-    """Refuses what the transport cannot serve, judged on one topology gathered over the group,
-    so every rank reaches the same verdict (a rank raising alone would leave its peers waiting in
-    the collective rendezvous)."""
-    if (decision is None) != (topology is None):
-        raise FastUlyssesError(
-            "UlyssesGroup takes decision and topology together (make_group passes both) or neither"
-        )
-    if decision is None:
-        from .topology_probe import gather_topology
-
-        with torch.cuda.device(device):
-            topology = gather_topology(group)
-        decision = decide(topology, "fast")  # raises where the fast path cannot run
-    if not decision.use_fast:
-        raise FastUlyssesError(
-            f"UlyssesGroup was handed a decision for the fallback "
-            f"({decision.reason!r}): build TorchUlyssesGroup, or call make_group"
-        )
-    refusal = nvlink_refusal(topology) if require_nvlink else ""
-    if refusal:
-        raise FastUlyssesError(refusal)
-    if shared_gpu_pair(topology) is not None:
-        _allow_shared_gpu()
-
-
-def _allow_shared_gpu() -> None:
-    global _warned_shared_gpu
-    # torch's CUDA symmetric memory refuses overlapping devices unless told otherwise.
-    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
-    if not _warned_shared_gpu:
-        _warned_shared_gpu = True
-        warnings.warn(
-            "fast-ulysses: ranks share a GPU (FAST_ULYSSES_ALLOW_SHARED_GPU=1): a "
-            "testing mode; results are correct, timings are not NVLink timings",
-            stacklevel=3,
         )

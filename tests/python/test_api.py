@@ -13,6 +13,7 @@ import torch
 
 import fast_ulysses as fu
 from fast_ulysses import group as group_module
+from fast_ulysses import group_checks
 from fast_ulysses._ops import _C
 from fast_ulysses.arguments import as_mode, as_pool_bytes, as_splits, check_tag
 from fast_ulysses.factory import UlyssesGroupLike
@@ -93,6 +94,7 @@ def fast_group(monkeypatch, world1):
     __init__ (which needs a GPU); its device is the CPU so that its tensor checks pass."""
     recorder = RecordingOps()
     monkeypatch.setattr(group_module, "ops", recorder)
+    monkeypatch.setattr(group_checks, "ops", recorder)  # (the per-call device check's)
     monkeypatch.setattr(group_module, "cuda_module", recorder)
     g = object.__new__(UlyssesGroup)
     g.process_group, g.group_name = world1, world1.group_name
