@@ -26,15 +26,18 @@
 #           NODE_P (default "2 4 8") the machine has: the a2a worker over NCCL (its reference is
 #           TorchUlyssesGroup over NCCL), the graph worker, fast-ulysses bench --graph with the
 #           overlap rows and the NCCL baseline, and the USP row (bench --ring-degree RING_DEGREE,
-#           default 2: ring x Ulysses against plain Ulysses, Wan 720p mode 0); logs and JSON
-#           packed into node.tar.gz
+#           default 2: ring x Ulysses against plain Ulysses, Wan 720p mode 0), and the FP8 wire row
+#           (bench --wire NODE_WIRE, default fp8: the copy and borrowed calls with wire_dtype beside
+#           the plain ones and their error, Wan 720p modes 0 and 1); logs and JSON packed into
+#           node.tar.gz
 #   probe   host time of single driver calls and of graph launches shaped like a P = 8 call,
 #           without torch or peers (csrc/probes/launch_probe.cu): one process, then PROBE_N (default
 #           8) processes at once on the GPU, as ranks sharing it are
 #   doctor  fast-ulysses doctor (text and --json)
 #   bench   fast-ulysses bench --graph --pipeline $PIPELINE (default 2: the pipelined-attention row)
 #           at BENCH_SIZES (default "1 8"), packed into bench.tar.gz; BENCH_RING=auto (or R) adds
-#           the USP row (--ring-degree: at P = 1 ring_attention against SDPA)
+#           the USP row (--ring-degree: at P = 1 ring_attention against SDPA); BENCH_WIRE=fp8 (or
+#           e4m3, e5m2) adds the FP8 wire row (--wire)
 #   fused   the fused suite alone (tests/gpu/test_fused_gpu.py) unless `tests` ran or
 #           FUSED_TESTS=0, then fast-ulysses bench --fused at P = 1 on Wan 720p and HunyuanVideo
 #           720p; with .carry/old, the same bench of this tree and of the old commit, alternately
@@ -144,6 +147,9 @@ if has node; then
       --ring-degree ${RING_DEGREE:-2} --iters 10 --warmup 2 --no-plot \
       --out-dir "$R" --label "${GPU_LABEL}-node-p$P-usp"
     grep -i "attention\|usp\|results:" "$R/usp_p$P.log" | grep -v -i "warn" | tail -6
+    node_run wire "$P" -m fast_ulysses.bench --preset wan-720p --gemms 0 --wire ${NODE_WIRE:-fp8} \
+      --iters 20 --warmup 3 --no-plot --out-dir "$R" --label "${GPU_LABEL}-node-p$P-wire"
+    grep -i "fast-ulysses copy\|fast-ulysses borrowed\|FP8 wire\|results:" "$R/wire_p$P.log" | tail -10
   done
   tar -czf "$OUT/node.tar.gz" -C "$OUT" node
 fi
@@ -198,7 +204,7 @@ if has bench; then
   for P in ${BENCH_SIZES:-1 8}; do
     FAST_ULYSSES_ALLOW_SHARED_GPU=1 timeout ${BENCH_TIMEOUT:-200} python3 -m torch.distributed.run \
       --standalone --nproc-per-node $P -m fast_ulysses.bench --shared-gpu --graph \
-      --pipeline ${PIPELINE:-2} ${BENCH_RING:+--ring-degree $BENCH_RING} --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
+      --pipeline ${PIPELINE:-2} ${BENCH_RING:+--ring-degree $BENCH_RING} ${BENCH_WIRE:+--wire $BENCH_WIRE} --iters ${ITERS:-20} --warmup 3 --preset wan-720p --out-dir "$R" --label "${GPU_LABEL}-p$P-shared" \
       > "$R/bench_p$P.log" 2>&1
     echo "bench P=$P rc=$?"; grep -v -i "warn\|_check_peers" "$R/bench_p$P.log" | tail -${TAIL:-40}
   done
