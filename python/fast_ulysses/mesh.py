@@ -214,8 +214,9 @@ def check_2d(ulysses_group, ring_group) -> None:
     CFG dimension beside them, say): what counts is that they form a grid.
 
     Raises:
-        FastUlyssesError: a rank whose Ulysses group and ring share another rank (a ring takes
-        one rank of each Ulysses group), a ring whose ranks' Ulysses degrees differ, or a
+        FastUlyssesError: groups that are not the rows and columns of a grid (`_check_grid`:
+        a Ulysses group and ring sharing another rank, members naming different groups, ring
+        ranks at different Ulysses positions or in Ulysses groups of different sizes), or a
         Ulysses group that spans nodes (`spanning_message`).
     """
     _check_initialized("make_group with a mesh or a pair of groups")
@@ -226,20 +227,8 @@ def check_2d(ulysses_group, ring_group) -> None:
     )
     rows: list = [None] * dist.get_world_size()
     dist.all_gather_object(rows, mine)
-    for rank, (_, ulysses, ring) in enumerate(rows):
-        shared = sorted(set(ulysses) & set(ring))
-        if shared != [rank]:
-            raise FastUlyssesError(
-                f"rank {rank}: its Ulysses group (ranks {_ranks(ulysses)}) and its ring (ranks "
-                f"{_ranks(ring)}) share ranks {_ranks(shared)}: they must meet at that rank "
-                "only (a ring takes one rank of each Ulysses group)"
-            )
-        degrees = {r: len(rows[r][1]) for r in ring}
-        if len(set(degrees.values())) > 1:
-            raise FastUlyssesError(
-                f"rank {rank}: the ranks of its ring have Ulysses degrees {degrees}: every "
-                "Ulysses group of a ring must have as many ranks (they hold the same heads)"
-            )
+    for rank, row in enumerate(rows):
+        _check_grid(rank, row, rows)
     layout = UspLayout(
         ulysses_groups=tuple(dict.fromkeys(row[1] for row in rows)),
         rings=tuple(dict.fromkeys(row[2] for row in rows)),
@@ -248,6 +237,39 @@ def check_2d(ulysses_group, ring_group) -> None:
     message = spanning_message(layout)
     if message:
         raise FastUlyssesError(message)
+
+
+def _check_grid(rank: int, row, rows) -> None:
+    """Refuses rank's (Ulysses group, ring) unless they are a row and a column of a grid: its
+    Ulysses group and ring meet at it only, every member of either names the same group, and
+    every rank of its ring holds its position in its own Ulysses group (the same heads)."""
+    _, ulysses, ring = row
+    shared = sorted(set(ulysses) & set(ring))
+    if shared != [rank]:
+        raise FastUlyssesError(
+            f"rank {rank}: its Ulysses group (ranks {_ranks(ulysses)}) and its ring (ranks "
+            f"{_ranks(ring)}) share ranks {_ranks(shared)}: they must meet at that rank "
+            "only (a ring takes one rank of each Ulysses group)"
+        )
+    for what, index, members in (("Ulysses group", 1, ulysses), ("ring", 2, ring)):
+        for other in members:
+            if rows[other][index] != members:
+                raise FastUlyssesError(
+                    f"rank {rank}'s {what} is ranks {_ranks(members)} but rank {other}'s is "
+                    f"ranks {_ranks(rows[other][index])}: every member of a {what} must be "
+                    "given the same one"
+                )
+    position = ulysses.index(rank)
+    for other in ring:
+        theirs = rows[other][1]
+        if len(theirs) != len(ulysses) or theirs.index(other) != position:
+            raise FastUlyssesError(
+                f"rank {rank} is member {position} of its Ulysses group (ranks "
+                f"{_ranks(ulysses)}) but rank {other} of its ring is member "
+                f"{theirs.index(other)} of ranks {_ranks(theirs)}: the ranks of a ring must "
+                "hold one position each in Ulysses groups of one size (they attend the same "
+                "heads); list each ring's ranks in the same order as the Ulysses groups'"
+            )
 
 
 def _ranks(ranks) -> str:

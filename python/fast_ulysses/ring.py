@@ -71,18 +71,28 @@ class Ring:
         return (self.rank - t) % self.size
 
 
-def _ring(group, q, k, v) -> Ring:
+def _ring(group, q, k, v, refusal: str = "") -> Ring:
     """The ring of `group` for q, k, v; gathers every ring rank's shapes (one all_gather) and
-    refuses, on every rank alike, ranks that disagree on anything but sequence lengths."""
+    refuses, on every rank alike, ranks that disagree on anything but sequence lengths, and
+    every rank when any refused its own attn_fn result (`refusal`, its message)."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     gloo = dist.get_backend(group) == "gloo"
     dev = torch.device("cpu") if gloo else q.device
     mine = [q.shape[0], q.shape[1], k.shape[1], q.shape[3], v.shape[3], q.shape[2], k.shape[2]]
     mine.append(_DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1)
+    mine.append(int(bool(refusal)))
     meta = torch.tensor(mine, dtype=torch.int64, device=dev)
     every = [torch.empty_like(meta) for _ in range(size)]
     dist.all_gather(every, meta, group=group)
     rows = [t.tolist() for t in every]
+    if refusal:
+        raise FastUlyssesError(refusal)
+    refused_by = [j for j, row in enumerate(rows) if row[8]]
+    if refused_by:
+        raise FastUlyssesError(
+            f"ring_group: ring rank {refused_by[0]} refused what attn_fn returned for its first "
+            "block (its error says why): every rank of the ring stops before anything is sent"
+        )
     for j, row in enumerate(rows):
         if row[:5] != rows[0][:5] or row[7] != rows[0][7]:
             raise FastUlyssesError(
@@ -145,41 +155,64 @@ def _start(ring: Ring, kv, t: int):
     return _Shift(ring, kv, ring.kv_lens[ring.block(t + 1)]) if t + 1 < ring.size else None
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The merge's and the gradients' dtype: float32, or float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _merge(out, lse, o_i, l_i):
-    """Online log-sum-exp merge in float32 (an empty block's lse is -inf and weighs 0)."""
-    new = torch.logaddexp(lse, l_i)
+    """Online log-sum-exp merge in out's dtype (an empty block's lse is -inf and weighs 0)."""
+    new = torch.logaddexp(lse, l_i.to(lse.dtype))
     safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-    out = out * torch.exp(lse - safe).unsqueeze(-1) + o_i.float() * torch.exp(l_i - safe).unsqueeze(
-        -1
-    )
+    o_i = o_i.to(out.dtype)
+    out = out * torch.exp(lse - safe).unsqueeze(-1) + o_i * torch.exp(l_i - safe).unsqueeze(-1)
     return out, new
 
 
-def _forward(ring: Ring, kernel, q, k, v, scale):
+def _forward(ring: Ring, kernel, q, k, v, scale, first=None):
+    """The forward; `first`: this rank's own block's (out, lse), attended already (a user's
+    kernel, checked before anything was sent), or None."""
     b, h, s, _ = q.shape
     ratio = h // k.shape[1] if k.shape[1] else 1
-    out = torch.zeros((b, h, s, v.shape[3]), dtype=torch.float32, device=q.device)
-    lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+    acc = accumulation_dtype(q.dtype)
+    out = torch.zeros((b, h, s, v.shape[3]), dtype=acc, device=q.device)
+    lse = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
     kv = [k, v]
     for t in range(ring.size):
-        # A user's kernel attends its first block before anything is sent: a refusal of what
-        # it returned then leaves no call in flight.
-        first = t == 0 and kernel.check_first
-        pending = None if first else _start(ring, kv, t)
-        if not _empty(q, kv[0]):
+        pending = _start(ring, kv, t)
+        if t == 0 and first is not None:
+            out, lse = _merge(out, lse, *first)
+        elif not _empty(q, kv[0]):
             o_i, l_i = kernel.forward(q, _expand(kv[0], ratio), _expand(kv[1], ratio), scale)
             out, lse = _merge(out, lse, o_i, l_i)
-        if first:
-            pending = _start(ring, kv, t)
         if pending is not None:
             kv = pending.wait()
     return out.to(q.dtype), lse
 
 
+def _first_block(kernel, q, k, v, needs_grad: bool):
+    """A user's kernel on this rank's own block, before anything is sent: (out, lse) or None
+    (nothing to attend), and its refusal's message ("" for none). With gradients to come, the
+    block runs with grad enabled once, to check that its lse is differentiable."""
+    if not kernel.check_first or _empty(q, k):
+        return None, ""
+    ratio = q.shape[1] // k.shape[1]
+    try:
+        with torch.enable_grad() if needs_grad else torch.no_grad():
+            inputs = [t.detach().requires_grad_(needs_grad) for t in (q, k, v)]
+            o, lse = kernel.checked(inputs[0], _expand(inputs[1], ratio), _expand(inputs[2], ratio))
+        if needs_grad:
+            kernel.check_differentiable(lse)
+    except FastUlyssesError as error:
+        return None, str(error)
+    return (o.detach(), lse.detach()), ""
+
+
 def _backward(ring: Ring, kernel, dout, q, k, v, out, lse, scale):
     ratio = q.shape[1] // k.shape[1] if k.shape[1] else 1
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    acc = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v)]
+    dtype = accumulation_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    acc = [torch.zeros(t.shape, dtype=dtype, device=t.device) for t in (k, v)]
     kv, acc_in = [k, v], None
     for t in range(ring.size):
         nxt = ring.kv_lens[ring.block(t + 1)]
@@ -195,8 +228,8 @@ def _backward(ring: Ring, kernel, dout, q, k, v, out, lse, scale):
         if acc_in is not None:
             acc = acc_in.wait()
         if grads is not None:
-            dq += grads[0].float()
-            acc = [a + _reduce(g.float(), ratio) for a, g in zip(acc, grads[1:])]
+            dq += grads[0].to(dtype)
+            acc = [a + _reduce(g.to(dtype), ratio) for a, g in zip(acc, grads[1:])]
         # The accumulators follow their block to the next rank; after the last step one more
         # shift brings each home.
         if ring.size > 1:
@@ -210,19 +243,20 @@ def _backward(ring: Ring, kernel, dout, q, k, v, out, lse, scale):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, kernel, scale):
-        out, lse = _forward(ring, kernel, q, k, v, scale)
+    def forward(ctx, q, k, v, ring, kernel, scale, first):
+        out, lse = _forward(ring, kernel, q, k, v, scale, first)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring, ctx.kernel, ctx.scale = ring, kernel, scale
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # (double backward: a clear error)
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(
             ctx.ring, ctx.kernel, dout.contiguous(), q, k, v, out, lse, ctx.scale
         )
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 class _LocalRing:
@@ -273,10 +307,14 @@ def ring_attention(
     _check(q, k, v, ring_group, attn_fn, scale)
     kernel = default_kernel(q, v) if attn_fn is None else UserKernel(attn_fn)
     size = 1 if ring_group is None else dist.get_world_size(ring_group)
-    ring = _LocalRing(k) if size == 1 else _ring(ring_group, q, k, v)
     q, k, v = (t.contiguous() for t in (q, k, v))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    first, refusal = _first_block(kernel, q, k, v, needs_grad)
+    if size == 1 and refusal:
+        raise FastUlyssesError(refusal)
+    ring = _LocalRing(k) if size == 1 else _ring(ring_group, q, k, v, refusal)
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
-    return _RingAttention.apply(q, k, v, ring, kernel, scale)
+    return _RingAttention.apply(q, k, v, ring, kernel, scale, first)
 
 
 def _check(q, k, v, ring_group, attn_fn, scale) -> None:
@@ -307,6 +345,15 @@ def _check(q, k, v, ring_group, attn_fn, scale) -> None:
     if attn_fn is not None and not callable(attn_fn):
         raise FastUlyssesError(
             f"attn_fn is {attn_fn!r}: it must be a callable attn_fn(q, k, v) -> (out, lse), or None"
+        )
+    if q.shape[3] == 0:
+        raise FastUlyssesError(
+            f"q has shape {tuple(q.shape)}: its head dim (dim 3) must be at least 1"
+        )
+    if attn_fn is not None and scale is not None:
+        raise FastUlyssesError(
+            f"scale={scale!r} with an attn_fn: attn_fn applies its own scale (it computes the "
+            "scores); pass scale only without attn_fn"
         )
     if scale is not None and not isinstance(scale, (int, float)):
         raise FastUlyssesError(f"scale is {scale!r}: it must be a float or None (1 / sqrt(d))")

@@ -17,24 +17,27 @@ from .errors import FastUlyssesError
 
 
 class MathKernel:
-    """Explicit matmul + logsumexp in float32: any device, dtype and head dims."""
+    """Explicit matmul + logsumexp in float32 (float64 for float64 inputs): any device, dtype
+    and head dims."""
 
     name = "math"
     check_first = False
 
     @staticmethod
     def forward(q, k, v, scale):
-        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        acc = torch.promote_types(q.dtype, torch.float32)
+        s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
         lse = torch.logsumexp(s, dim=-1)
-        out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float())
+        out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.to(acc))
         return out.to(q.dtype), lse
 
     @staticmethod
     def backward(dout, q, k, v, out, lse, scale):
-        qf, kf, vf, do = q.float(), k.float(), v.float(), dout.float()
-        p = torch.exp(torch.matmul(qf, kf.transpose(-1, -2)) * scale - lse.unsqueeze(-1))
+        acc = torch.promote_types(q.dtype, torch.float32)
+        qf, kf, vf, do = q.to(acc), k.to(acc), v.to(acc), dout.to(acc)
+        p = torch.exp(torch.matmul(qf, kf.transpose(-1, -2)) * scale - lse.to(acc).unsqueeze(-1))
         dv = torch.matmul(p.transpose(-1, -2), do)
-        delta = (do * out.float()).sum(-1, keepdim=True)
+        delta = (do * out.to(acc)).sum(-1, keepdim=True)
         ds = p * (torch.matmul(do, vf.transpose(-1, -2)) - delta)
         return torch.matmul(ds, kf) * scale, torch.matmul(ds.transpose(-1, -2), qf) * scale, dv
 
@@ -105,29 +108,36 @@ class UserKernel:
         self.attn_fn = attn_fn
 
     def forward(self, q, k, v, scale):
+        """(`scale` is attn_fn's own business: ring_attention refuses one with attn_fn.)"""
         with torch.no_grad():
-            out, lse = self._call(q, k, v)
-        return out, lse.float()
+            return self.checked(q, k, v)
 
     def backward(self, dout, q, k, v, out, lse, scale):
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         with torch.enable_grad():
-            o_i, l_i = self._call(q, k, v)
-        if not l_i.requires_grad:
+            o_i, l_i = self.checked(q, k, v)
+        self.check_differentiable(l_i)
+        acc = lse.dtype
+        w = torch.exp(l_i.detach().to(acc) - lse)
+        do = dout.to(acc)
+        grad_o = (w.unsqueeze(-1) * do).to(o_i.dtype)
+        rows = (do * o_i.detach().to(acc)).sum(-1) - (do * out.to(acc)).sum(-1)
+        grad_l = (w * rows).to(l_i.dtype)
+        grads = torch.autograd.grad((o_i, l_i), (q, k, v), (grad_o, grad_l), allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v))]
+
+    @staticmethod
+    def check_differentiable(lse) -> None:
+        """Refuses an lse that autograd cannot differentiate (computed with grad enabled)."""
+        if not lse.requires_grad:
             raise FastUlyssesError(
                 "attn_fn's lse does not require grad: with a ring group, attn_fn(q, k, v) -> "
                 "(out, lse) must return an lse autograd can differentiate (the merge of ring "
                 "blocks depends on it)"
             )
-        w = torch.exp(l_i.detach().float() - lse)
-        do = dout.float()
-        grad_o = (w.unsqueeze(-1) * do).to(o_i.dtype)
-        rows = (do * o_i.detach().float()).sum(-1) - (do * out.float()).sum(-1)
-        grad_l = (w * rows).to(l_i.dtype)
-        grads = torch.autograd.grad((o_i, l_i), (q, k, v), (grad_o, grad_l), allow_unused=True)
-        return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v))]
 
-    def _call(self, q, k, v):
+    def checked(self, q, k, v):
+        """attn_fn(q, k, v), checked: (out, lse) of the shapes the merge needs."""
         got = self.attn_fn(q, k, v)
         want_o, want_l = (*q.shape[:3], v.shape[3]), tuple(q.shape[:3])
         if (

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from two_nodes import CHECKS
 
 import fast_ulysses as fu
+from fast_ulysses import mesh as mesh_module
 from fast_ulysses.cli import doctor
 from fast_ulysses.mesh import check_degree, spanning_message, standard_layout
 from fast_ulysses.topology import RankInfo, Topology, decide
@@ -137,3 +138,40 @@ def test_doctor_prints_the_layout_and_whether_each_ulysses_group_is_within_a_nod
 def test_doctor_refuses_a_layout_that_does_not_fit(capsys):
     assert doctor.main(["--no-symm-init", "--ulysses-degree", "3", "--world-size", "4"]) == 2
     assert "ulysses_degree=3: it must divide the world size 4" in capsys.readouterr().err
+
+
+def _grid_rows(ulysses_groups, rings):
+    """check_2d's gathered rows, (node, Ulysses group, ring) per rank, for groups given whole."""
+    world = sum(len(g) for g in ulysses_groups)
+    of = lambda groups, r: next(g for g in groups if r in g)  # noqa: E731
+    return [("n", of(ulysses_groups, r), of(rings, r)) for r in range(world)]
+
+
+@pytest.mark.parametrize(
+    "rings,rule",
+    [
+        (((0, 2), (1, 3)), None),
+        (((0, 3), (1, 2)), "rank 0 is member 0 of its Ulysses group (ranks 0, 1) but rank 3"),
+    ],
+    ids=["grid", "ring_across_positions"],
+)
+def test_a_ring_must_take_one_ulysses_position(rings, rule):
+    """Rings {0, 3}, {1, 2} over Ulysses groups {0, 1}, {2, 3} pair head block 0 with head block
+    1: accepted, every rank's output would be wrong. The grid rule refuses it, naming both."""
+    rows = _grid_rows(((0, 1), (2, 3)), rings)
+    if rule is None:
+        for rank, row in enumerate(rows):
+            mesh_module._check_grid(rank, row, rows)
+        return
+    with pytest.raises(fu.FastUlyssesError) as error:
+        for rank, row in enumerate(rows):
+            mesh_module._check_grid(rank, row, rows)
+    assert rule in str(error.value)
+
+
+def test_members_must_name_the_same_ring():
+    """Rank 0 says its ring is (0, 2), rank 2 says (2, 4): refused (ring_attention would wait)."""
+    rows = [("n", (0, 1), (0, 2)), ("n", (0, 1), (1, 3, 5)), ("n", (2, 3), (2, 4))]
+    rows += [("n", (2, 3), (1, 3, 5)), ("n", (4, 5), (0, 4)), ("n", (4, 5), (1, 3, 5))]
+    with pytest.raises(fu.FastUlyssesError, match="rank 0's ring is ranks 0, 2 but rank 2's is"):
+        mesh_module._check_grid(0, rows[0], rows)

@@ -161,17 +161,45 @@ def test_ring_attention_refuses_a_bad_ring_group_and_attn_fn():
         fu.ring_attention(q, k, v, attn_fn=lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
 
 
-def test_user_lse_not_differentiable_refused_at_backward():
+def test_user_lse_not_differentiable_refused_at_forward_when_grads_are_to_come():
+    """Refused before anything is sent (a refusal at backward could leave ring peers waiting);
+    without gradients to come the same attn_fn runs."""
     q, k, v = _inputs(hkv=4)
-    q.requires_grad_()
 
     def detached(q, k, v):
         out, lse = usp.math_attn(q, k, v)
         return out, lse.detach()
 
-    out = fu.ring_attention(q, k, v, attn_fn=detached)
+    with torch.no_grad():
+        fu.ring_attention(q, k, v, attn_fn=detached)
+    q.requires_grad_()
     with pytest.raises(fu.FastUlyssesError, match="attn_fn's lse does not require grad"):
-        out.sum().backward()
+        fu.ring_attention(q, k, v, attn_fn=detached)
+
+
+def test_scale_with_an_attn_fn_and_a_zero_head_dim_are_refused():
+    q, k, v = _inputs(hkv=4)
+    with pytest.raises(fu.FastUlyssesError, match="scale=0.5 with an attn_fn: attn_fn applies"):
+        fu.ring_attention(q, k, v, attn_fn=usp.math_attn, scale=0.5)
+    empty = torch.zeros(2, 4, 5, 0)
+    with pytest.raises(fu.FastUlyssesError, match="its head dim .dim 3. must be at least 1"):
+        fu.ring_attention(empty, empty, empty)
+
+
+def test_double_backward_is_an_error_not_wrong_numbers():
+    q, k, v = (t.double().requires_grad_() for t in _inputs(hkv=4))
+    (dq,) = torch.autograd.grad(fu.ring_attention(q, k, v).sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad((dq**2).sum(), (q, k, v))
+
+
+def test_float64_keeps_float64_accuracy():
+    """float64 runs the math kernel and the merge in float64: gradcheck's precision."""
+    q, k, v = (t.double().requires_grad_() for t in _inputs(hkv=2))
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    got = fu.ring_attention(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda q: fu.ring_attention(q, k, v), (q,))
 
 
 def test_ulysses_attention_ring_group_argument(world1):

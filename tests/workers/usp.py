@@ -180,8 +180,19 @@ def check_refusals(upg, rpg, R, U, device) -> int:
         return out, lse.detach()
 
     qg = q.clone().requires_grad_()
-    out = fu.UlyssesAttention(upg, attn_fn=detached, ring_group=rpg)(qg, qg, qg)
-    _refused("lse not differentiable", "lse does not require grad", lambda: out.sum().backward())
+    _refused(
+        "lse not differentiable (checked at forward when gradients are to come)",
+        "lse does not require grad",
+        lambda: fu.UlyssesAttention(upg, attn_fn=detached, ring_group=rpg)(qg, qg, qg),
+    )
+    # A refusal on ring ranks that attend while ring rank 0 has no block to attend: every
+    # ring rank raises, none waits in the rotation.
+    kv = torch.randn(1, 2, 0 if i == 0 else 4, D, generator=g).to(device)
+    _refused(
+        "attn_fn refused where ring rank 0 has an empty block",
+        "refused what attn_fn returned" if i == 0 else "with a ring group it must return",
+        lambda: fu.ring_attention(q[:1, :2], kv, kv, rpg, attn_fn=lambda q, k, v: q),
+    )
     heads = [U + 1] + [1] * (U - 1) if i == 0 else [2] * U  # ring block 0 splits heads unlike 1
     _refused(
         "ring ranks holding different heads",
@@ -201,7 +212,7 @@ def check_refusals(upg, rpg, R, U, device) -> int:
     group.ring_group = rpg
     got = fu.UlyssesAttention(group)(q, q, q)
     torch.testing.assert_close(got, want.narrow(1, 2 * rank, 2), msg=lambda m: f"group's: {m}")
-    return 4
+    return 5
 
 
 def layouts(world, layout=None):
