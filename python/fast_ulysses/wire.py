@@ -61,6 +61,11 @@ def check_wire_dtype(wire_dtype) -> None:
 def check_input(x, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor):
         raise FastUlyssesError(f"{name} is a {type(x).__name__}: it must be a torch.Tensor")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise FastUlyssesError(
+            f"{name} has shape {tuple(x.shape)}: a call with wire_dtype quantizes rows of the "
+            "last dimension, which must hold at least one value"
+        )
     if x.dtype not in INPUTS:
         raise FastUlyssesError(
             f"{name} has dtype {x.dtype}: a call with wire_dtype takes torch.bfloat16, "
@@ -87,6 +92,13 @@ def _check_call(group, x, mode, wire_dtype, dequantize, out, borrowed, barrier, 
                 "barrier=False with wire_dtype and dequantize=True: the dequantize would read "
                 "the window before barrier(); pass dequantize=False and dequantize after "
                 "group.barrier() (fast_ulysses.wire.dequantize)"
+            )
+        if barrier is False and isinstance(x, torch.Tensor) and x.dim() and x.shape[-1] % 4:
+            raise FastUlyssesError(
+                f"barrier=False with wire_dtype and d = {x.shape[-1]}, not a multiple of 4: "
+                "the scales are not 4-byte aligned in the window, so returning them means "
+                "copying them out before barrier(); use barrier=True, or a d that is a "
+                "multiple of 4"
             )
     if not dequantize and grad:
         raise FastUlyssesError(

@@ -168,6 +168,13 @@ def test_input_dtype_grad_and_borrowed_refusals(world1):
             group.all_to_all_single_4d_borrowed(x, 0, "b", wire_dtype=e4m3)
         with pytest.raises(fu.FastUlyssesError, match=r"barrier=False with wire_dtype and "):
             group.all_to_all_single_4d_borrowed(x.detach(), 0, "b", wire_dtype=e4m3, barrier=False)
+        odd = torch.ones(1, 4, 4, 6)  # d = 6: the scales are not 4-byte aligned in a window
+        with pytest.raises(fu.FastUlyssesError, match=r"barrier=False with wire_dtype and d = 6"):
+            group.all_to_all_single_4d_borrowed(
+                odd, 0, "b", wire_dtype=e4m3, dequantize=False, barrier=False
+            )
+        with pytest.raises(fu.FastUlyssesError, match=r"x has shape \(1, 4, 4, 0\): a call with"):
+            group.all_to_all_single_4d(torch.ones(1, 4, 4, 0), 0, wire_dtype=e4m3)
         with pytest.raises(fu.FastUlyssesError, match=r"wire_dtype=torch.int8"):
             fu.UlyssesAttention(group, wire_dtype=torch.int8)
         assert group.stats()["tags"] == 0  # nothing was sent
