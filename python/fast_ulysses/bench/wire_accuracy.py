@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import json
 import math
 import os
@@ -145,13 +146,22 @@ def _gen(seed: int) -> torch.Generator:
 # -- a diffusers Wan attention block on gloo ranks -----------------------------------------
 
 
+def _diffusers(module: str):
+    """A diffusers module (an optional dependency, like the integrations' frameworks)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(
+            f"the Wan block row needs diffusers, which is not installed (pip install diffusers): "
+            f"{error}"
+        ) from error
+
+
 def tiny_wan(heads: int, head_dim: int = 128):
     """A small WanTransformer3DModel (2 layers, random seeded weights), as the tests build it,
     at the real head_dim."""
-    from diffusers import WanTransformer3DModel
-
     torch.manual_seed(0)
-    return WanTransformer3DModel(
+    return _diffusers("diffusers").WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=heads,
         attention_head_dim=head_dim,
@@ -194,9 +204,10 @@ def block_rank(rank: int, world: int, store: str, cfg: dict, result: str) -> Non
     """One gloo rank: the block's attention on its rows with each wire dtype; rank 0 writes the
     errors to `result`."""
     import torch.distributed as dist
-    from diffusers.models.transformers import transformer_wan
 
     import fast_ulysses as fu
+
+    transformer_wan = _diffusers("diffusers.models.transformers.transformer_wan")
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

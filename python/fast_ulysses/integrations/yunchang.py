@@ -21,7 +21,8 @@ _KNOWN_MODULES = (
     "yunchang",
 )
 _PATCHED_PREFIXES = ("yunchang", "xfuser")
-_REBOUND: dict = {}  # (module name, attribute) -> yunchang's object patch_yunchang replaced
+# (module name, attribute) -> (that module, the yunchang object patch_yunchang replaced there)
+_REBOUND: dict = {}
 
 
 def all_to_all_4D(
@@ -113,23 +114,22 @@ def patch_yunchang() -> list[str]:
     for module in modules:
         for name in ours:
             if id(getattr(module, name, None)) in originals:
-                _REBOUND.setdefault((module.__name__, name), getattr(module, name))
+                _REBOUND.setdefault((module.__name__, name), (module, getattr(module, name)))
                 setattr(module, name, ours[name])
                 patched.append(f"{module.__name__}.{name}")
     return patched
 
 
 def unpatch_yunchang() -> list[str]:
-    """Restores yunchang's own objects wherever `patch_yunchang()` rebound them (in modules
-    still loaded).
+    """Restores yunchang's own objects wherever `patch_yunchang()` rebound them (in the modules
+    it patched, where they are still loaded under their names).
 
     Returns:
         The restored names, as "module.name" (none when nothing was patched).
     """
     restored = []
-    for (name, attr), value in sorted(_REBOUND.items(), key=lambda kv: kv[0]):
-        module = sys.modules.get(name)
-        if module is not None:
+    for (name, attr), (module, value) in sorted(_REBOUND.items(), key=lambda kv: kv[0]):
+        if sys.modules.get(name) is module:  # (not a module loaded since under that name)
             setattr(module, attr, value)
             restored.append(f"{name}.{attr}")
     _REBOUND.clear()
