@@ -73,7 +73,7 @@ def gloo_gather_shim() -> None:
     unpatched checks included. The sharder's gather, not the attention's all-to-all."""
     from diffusers.hooks import context_parallel
 
-    from fast_ulysses.integrations.diffusers import _padded_all_gather_anything
+    from fast_ulysses.integrations.diffusers_cpu import _padded_all_gather_anything
 
     original = context_parallel._all_gather_anything
     context_parallel._all_gather_anything = functools.partial(_padded_all_gather_anything, original)
