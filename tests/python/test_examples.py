@@ -23,6 +23,7 @@ CPU_RANKS = {
     "wan_block.py": 3,
     "wan_fused_attention.py": 3,
     "diffusers_wan.py": 2,
+    "usp_attention.py": 4,
 }
 
 
@@ -131,3 +132,21 @@ def test_under_torchrun_nproc_must_match_the_launched_ranks(name):
 def test_diffusers_example_refuses_a_bad_argument_in_one_line(argv, message):
     """Before: a traceback on every rank, from inside diffusers."""
     _assert_one_line_error(refuse("diffusers_wan.py", *argv), "diffusers_wan.py", message)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--nproc", "4", "--ulysses-degree", "3"],
+            "--ulysses-degree is 3: it must divide the 4 ranks (ring degree x Ulysses degree = "
+            "ranks; e.g. --ulysses-degree 2)",
+        ),
+        (
+            ["--ulysses-degree", "0"],
+            "argument --ulysses-degree: '0' is out of range: it must be >= 1 (e.g. 2)",
+        ),
+    ],
+)
+def test_usp_example_refuses_a_bad_degree_in_one_line(argv, message):
+    _assert_one_line_error(refuse("usp_attention.py", *argv), "usp_attention.py", message)

@@ -8,6 +8,11 @@ explicit math kernel, argument refusals, and UlyssesAttention's ring choice."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -215,3 +220,22 @@ def test_ulysses_attention_ring_group_argument(world1):
     q = torch.randn(1, 5, 2, 8)
     want = F.scaled_dot_product_attention(*(q.transpose(1, 2),) * 3).transpose(1, 2)
     torch.testing.assert_close(module(q, q, q), want)
+
+
+def test_usp_example_matches_one_process():
+    """`python examples/usp_attention.py` (4 CPU ranks, ring 2 x Ulysses 2, 10 heads: uneven
+    over 2): every rank's output and q/k/v gradients equal one process's (it exits 1 on a
+    mismatch, naming the rank)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "usp_attention.py"
+    result = subprocess.run(
+        [sys.executable, str(example)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 ranks: ring 2 x Ulysses 2" in result.stdout, result.stdout
+    for rank in range(4):
+        assert f"rank {rank}: Ulysses rank {rank % 2}, ring rank {rank // 2}" in result.stdout
+    assert result.stdout.count("): ok") == 4, result.stdout
