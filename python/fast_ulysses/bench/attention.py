@@ -11,9 +11,8 @@ pipeline costs (its extra calls and head-slice copies), not what it hides on a n
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from .timing import first_error, median_ms
+from .timing import agreed_error, median_ms
 
 TAGS = ("bench.attn.q", "bench.attn.k", "bench.attn.v", "bench.attn.o")
 MAX_ITERS, MAX_WARMUP = 10, 2  # one call is a whole attention: fewer than the collectives'
@@ -51,9 +50,7 @@ def run_attention(case, ctx, x: torch.Tensor) -> dict:
             out["max_abs_diff"] = diff.max().item() if diff.numel() else 0.0
         except Exception as e:  # noqa: BLE001 - recorded in the results, not fatal to the bench
             error = f"{type(e).__name__}: {e}"
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        out["error"] = first_error(errors)
+        out["error"] = agreed_error(error)
         if out["error"] is not None:
             return out
         it, wu = min(ctx.iters, MAX_ITERS), min(ctx.warmup, MAX_WARMUP)

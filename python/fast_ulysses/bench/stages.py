@@ -20,9 +20,9 @@ import torch.distributed as dist
 from .. import plan as make_plan
 from ..plan import input_shape
 from .timing import (
+    agreed_error,
     capture,
     chain_length,
-    first_error,
     host_us,
     median_ms,
     on_side,
@@ -163,12 +163,6 @@ def measure_overlap(ctx, collective) -> dict:
     return o
 
 
-def _agreed_error(error: str | None) -> str | None:
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    return first_error(errors)
-
-
 def graph_timing(fn, iters: int, warmup: int) -> dict:
     """ms and host us per replay of a CUDA graph of one fn() (timing.capture), or why not:
     when capture raised on any rank, every rank skips the replays (a lone replay would wait
@@ -178,7 +172,7 @@ def graph_timing(fn, iters: int, warmup: int) -> dict:
         graph = capture(fn)
     except Exception as e:  # noqa: BLE001 - recorded in the results, not fatal to the bench
         error = f"{type(e).__name__}: {e}"
-    error = _agreed_error(error)
+    error = agreed_error(error)
     if error is not None:
         return {"ms": None, "host_us": None, "error": error}
     out = {

@@ -192,3 +192,13 @@ def first_error(errors: list) -> str | None:
         if error is not None:
             return f"rank {rank}: {error}"
     return None
+
+
+def agreed_error(error: str | None) -> str | None:
+    """The first rank's error among every rank's, gathered over the default group (None: every
+    rank succeeded): every rank reaches the same verdict, so all skip a timing or none does."""
+    import torch.distributed as dist
+
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return first_error(errors)

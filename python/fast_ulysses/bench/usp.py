@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..cli._args import integer
 from ..presets import even_splits
 from .attention import TAGS, attention_inputs
-from .timing import first_error, median_ms
+from .timing import agreed_error, median_ms
 
 MAX_ITERS, MAX_WARMUP = 10, 2  # one call is a whole attention, as in the pipeline row
 
@@ -145,9 +145,7 @@ def run_usp(case, ctx, x: torch.Tensor) -> dict:
             out["max_abs_diff"] = diff.max().item() if diff.numel() else 0.0
         except Exception as e:  # noqa: BLE001 - recorded in the results, not fatal to the bench
             error = f"{type(e).__name__}: {e}"
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        out["error"] = first_error(errors)
+        out["error"] = agreed_error(error)
         if out["error"] is not None:
             return out
         it, wu = min(ctx.iters, MAX_ITERS), min(ctx.warmup, MAX_WARMUP)

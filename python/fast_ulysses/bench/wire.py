@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.distributed as dist
 
-from .timing import first_error, host_us, median_ms
+from .timing import agreed_error, host_us, median_ms
 
 FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 ALIASES = {"fp8": "e4m3", "none": None}
@@ -92,9 +91,7 @@ def run_wire(case, mode: int, ctx, x: torch.Tensor, plain) -> dict:
         out["input_amax"] = x.float().abs().max().item() if x.numel() else 0.0
     except Exception as e:  # noqa: BLE001 - recorded in the results, not fatal to the bench
         error = f"{type(e).__name__}: {e}"
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    out["error"] = first_error(errors)
+    out["error"] = agreed_error(error)
     if out["error"] is not None:
         return out
     it, wu = ctx.iters, ctx.warmup
