@@ -7,13 +7,13 @@ Two parts:
 
 - **Per element.** q/k/v-like bf16 tensors through `fast_ulysses.wire`'s round trip (quantize,
   unpack, dequantize to bf16: what a wire call returns) in each format: the largest error of a
-  row over the row's amax (against its ceiling: the format's half step at its top binade plus
-  the final rounding to bf16; and the documented bound), the mean absolute error and the signal-to-error ratio. Data: standard normal ("random"),
-  and per model shape (Wan 2.1 14B: 40 heads, 1.3B: 12, HunyuanVideo: 24; d = 128; a slice of
-  --tokens tokens): normal values times a per-head scale (2^u, u uniform in [-2, 2]) and a
-  per-token scale (log-normal, sigma 0.5), q and k also with OUTLIERS channels per head scaled
-  OUTLIER_GAIN times (no real weights are available offline: a synthetic stand-in, stated as
-  such in the JSON).
+  row over its amax (against its ceiling, the format's half step at its top binade plus the
+  final rounding to bf16, and the documented bound), the mean absolute error and the
+  signal-to-error ratio. Data: standard normal ("random"), and per model shape (Wan 2.1 14B: 40
+  heads, 1.3B: 12, HunyuanVideo: 24; d = 128; --tokens tokens): normal values times a per-head
+  scale (2^u, u uniform in [-2, 2]) and a per-token scale (log-normal, sigma 0.5), q and k also
+  with OUTLIERS channels per head OUTLIER_GAIN times larger (no real weights are available
+  offline: a synthetic stand-in, stated as such in the JSON).
 - **A diffusers Wan attention block.** A `WanTransformer3DModel` built like the tests' (random
   seeded weights, d = 128), its first block's self-attention (`blocks[0].attn1`: projections,
   RMSNorm, RoPE, attention, output projection) in bf16 on --nproc gloo ranks, each rank holding
@@ -126,7 +126,8 @@ def qkv_like(heads: int, tokens: int, d: int, seed: int) -> dict:
 
 def element_table(tokens: int, seed: int) -> list[dict]:
     """One record per (data, tensor, format)."""
-    data = [("random", "x", torch.randn(1, tokens, 40, 128, generator=_gen(seed)).bfloat16())]
+    g = torch.Generator().manual_seed(seed)
+    data = [("random", "x", torch.randn(1, tokens, 40, 128, generator=g).bfloat16())]
     for i, (model, preset) in enumerate(MODELS):
         p = PRESETS[preset]
         for name, x in qkv_like(p.heads, tokens, p.head_dim, seed + 1 + i).items():
@@ -137,10 +138,6 @@ def element_table(tokens: int, seed: int) -> list[dict]:
             records.append({"data": source, "tensor": tensor, "shape": list(x.shape)})
             records[-1].update(element_errors(x, name))
     return records
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # -- a diffusers Wan attention block on gloo ranks -----------------------------------------
@@ -178,15 +175,11 @@ def tiny_wan(heads: int, head_dim: int = 128):
 def block_inputs(model, frames: int, size: int, seed: int) -> tuple:
     """(hidden states (1, S, dim) normal, RoPE (cos, sin)) for latents (1, 4, frames, size,
     size): S = frames * (size / 2)^2 tokens."""
-    g = _gen(seed)
+    g = torch.Generator().manual_seed(seed)
     latents = torch.randn(1, 4, frames, size, size, generator=g)
     dim = model.config.num_attention_heads * model.config.attention_head_dim
     tokens = frames * (size // 2) ** 2
     return torch.randn(1, tokens, dim, generator=g), model.rope(latents)
-
-
-def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    return t[:, lo:hi]
 
 
 def _attention_via(module, splits):
@@ -227,8 +220,8 @@ def block_rank(rank: int, world: int, store: str, cfg: dict, result: str) -> Non
             transformer_wan.dispatch_attention_fn = _attention_via(module, splits)
             with torch.no_grad():
                 mine = attn16(
-                    _rows(hidden, lo, hi).bfloat16(),
-                    rotary_emb=(_rows(cos, lo, hi), _rows(sin, lo, hi)),
+                    hidden[:, lo:hi].bfloat16(),
+                    rotary_emb=(cos[:, lo:hi], sin[:, lo:hi]),
                 )
             gathered = [None] * world
             dist.all_gather_object(gathered, mine)
