@@ -1,10 +1,11 @@
-// The eager way in for UlyssesGroup's methods: `fast_ulysses._cuda.owned(...)` and `.borrowed(...)`
-// take exactly the arguments the methods pass to the ops and call the same op through the
-// dispatcher, typed and below autograd (the methods have applied the autograd rules by then).
-// What they skip is torch.ops' Python-side work: matching the arguments against the schema,
-// boxing them, and, for the borrowed op, its boxed Autograd kernel. That was most of a call's
-// host time outside the transport: at P = 8 on an H100 shared by eight ranks, skipping it cut
-// a method call's host time by about 10 us
+// The eager way in for UlyssesGroup's methods: `fast_ulysses._cuda.owned(...)`, `.owned_out(...)`
+// and `.borrowed(...)` take exactly the arguments the methods pass to the ops and call the same
+// op through the dispatcher, typed. A call that records a backward (x requires grad, grad mode
+// on) goes through the op's Autograd kernel, which is C++ (autograd_kernels.cpp); every other
+// call goes below autograd (the methods have applied the autograd rules by then). What they skip
+// is torch.ops' Python-side work: matching the arguments against the schema and boxing them.
+// That was most of a call's host time outside the transport: at P = 8 on an H100 shared by
+// eight ranks, skipping it cut a method call's host time by about 10 us
 // (benchmarks/results/h100-shared-p8-quick-wan-typed-entry.json).
 //
 // Still the dispatcher: the profiler records the op, dispatch modes (TorchDispatchMode, fake
@@ -14,19 +15,20 @@
 // before the dispatcher, in torch.ops' Python argument parsing), or an argument of any other
 // type than the method passes (torch.ops raises its own error for it).
 //
-// Their calls leave the caller's stream free (transport/call_work.h): a result with a transfer
-// still in flight comes back as torch's AsyncCollectiveTensor, whose first use waits for it on
-// the device. `set_defer` asks the same of the next calls made through torch.ops on this thread
-// (UlyssesGroup's autograd route).
+// The owned and borrowed calls leave the caller's stream free (transport/call_work.h): a result
+// with a transfer still in flight comes back as torch's AsyncCollectiveTensor, whose first use
+// waits for it on the device. Nothing else asks that of the op (torch.ops, the backward, compile).
 #include "ops/fast_entry.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "ops/call_args.h"
+#include "ops/op_handles.h"
 #include "transport/call_work.h"
 
 #include <optional>
@@ -36,58 +38,40 @@
 namespace fast_ulysses::ops {
 namespace {
 
-// The kernels' signatures (call_args.h, which cuda_ops.cpp and the Meta kernels use too): a
-// typed call must match them.
-using Splits = std::optional<at::IntArrayRef>;
-using OwnedSignature = at::Tensor(const at::Tensor& FU_OWNED_ARGS(FU_TYPE));
-using BorrowedSignature = at::Tensor(const at::Tensor& FU_BORROWED_ARGS(FU_TYPE));
-using OutSignature = at::Tensor&(const at::Tensor& FU_OWNED_ARGS(FU_TYPE), at::Tensor&);
-
 // How many arguments each function takes: x and the list's (the out= op's `out` after them).
 constexpr Py_ssize_t kOwnedCount = 1 FU_OWNED_ARGS(FU_COUNT);
 constexpr Py_ssize_t kBorrowedCount = 1 FU_BORROWED_ARGS(FU_COUNT);
 
-const c10::TypedOperatorHandle<OwnedSignature>& owned_op() {
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d", "")
-                                 .typed<OwnedSignature>();
-  return handle;
-}
+using Splits = std::optional<at::IntArrayRef>;
 
-const c10::TypedOperatorHandle<BorrowedSignature>& borrowed_op() {
-  static const auto handle =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d_borrowed", "")
-          .typed<BorrowedSignature>();
-  return handle;
-}
-
-const c10::TypedOperatorHandle<OutSignature>& out_op() {
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("fast_ulysses::all_to_all_single_4d_out", "")
-                                 .typed<OutSignature>();
-  return handle;
-}
-
-// torch's AsyncCollectiveTensor class (a new reference each time; null with a Python error set).
-PyObject* async_tensor_class() {
+// An attribute of torch.distributed._functional_collectives (a new reference; null with a Python
+// error set).
+PyObject* functional_collectives(const char* name) {
   PyObject* module = PyImport_ImportModule("torch.distributed._functional_collectives");
   if (module == nullptr) return nullptr;
-  PyObject* cls = PyObject_GetAttrString(module, "AsyncCollectiveTensor");
+  PyObject* attribute = PyObject_GetAttrString(module, name);
   Py_DECREF(module);
-  return cls;
+  return attribute;
 }
 
 // `result` (a new reference, consumed) as an AsyncCollectiveTensor when the call left the
-// caller's wait to it, else itself.
+// caller's wait to it, else itself. A result that records a backward is wrapped by torch's own
+// differentiable wrapping (_maybe_wrap_tensor), so that its gradient reaches the call's backward;
+// any other, by the class itself (no Python op in between).
 PyObject* maybe_async(PyObject* result) {
   if (result == nullptr || !transport::join_request().deferred) return result;
-  static PyObject* cls = async_tensor_class();  // kept for the process's life
-  if (cls == nullptr) {
+  static PyObject* wrap_plain = nullptr;  // both kept for the process's life, once found
+  static PyObject* wrap_recorded = nullptr;
+  PyObject*& wrap =
+      THPVariable_Unpack(result).requires_grad() ? wrap_recorded : wrap_plain;
+  if (wrap == nullptr)
+    wrap = functional_collectives(&wrap == &wrap_plain ? "AsyncCollectiveTensor"
+                                                       : "_maybe_wrap_tensor");
+  if (wrap == nullptr) {
     Py_DECREF(result);
     return nullptr;
   }
-  PyObject* wrapped = PyObject_CallOneArg(cls, result);
+  PyObject* wrapped = PyObject_CallOneArg(wrap, result);
   Py_DECREF(result);
   return wrapped;
 }
@@ -206,15 +190,17 @@ bool parse(PyObject* const* args, BorrowedArguments* a) {
 }
 
 // Calls `op(x)` (the typed op call, x the unpacked tensor) without the GIL, as torch.ops does
-// (the call may wait: a rendezvous), below autograd, with the caller's wait deferred when
-// `defer`, and returns its result to Python (an AsyncCollectiveTensor where it was deferred).
+// (the call may wait: a rendezvous), with the caller's wait deferred when `defer`, and returns its
+// result to Python (an AsyncCollectiveTensor where it was deferred). Below autograd, unless the
+// call records a backward (x requires grad, grad mode on): then through the op's Autograd kernel.
 template <typename Op>
-PyObject* call_below_autograd(PyObject* input, bool defer, Op&& op) {
+PyObject* call_op(PyObject* input, bool defer, Op&& op) {
   const at::Tensor& x = THPVariable_Unpack(input);
   at::Tensor out;
   {
     pybind11::gil_scoped_release no_gil;
-    at::AutoDispatchBelowAutograd below;
+    std::optional<at::AutoDispatchBelowAutograd> below;
+    if (!(x.requires_grad() && c10::GradMode::is_enabled())) below.emplace();
     transport::JoinRequest& join = transport::join_request();
     join.defer = defer;
     join.deferred = false;  // (a call that never reaches a group, a Meta one, defers nothing)
@@ -233,7 +219,7 @@ PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   OwnedArguments a;
   if (count != kOwnedCount || !parse(args, &a)) Py_RETURN_NOTIMPLEMENTED;
-  return call_below_autograd(args[0], true, [&a](const at::Tensor& x) {
+  return call_op(args[0], true, [&a](const at::Tensor& x) {
     return owned_op().call(x FU_OWNED_ARGS(FU_GET));
   });
   END_HANDLE_TH_ERRORS
@@ -243,7 +229,7 @@ PyObject* borrowed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count
   HANDLE_TH_ERRORS
   BorrowedArguments a;
   if (count != kBorrowedCount || !parse(args, &a)) Py_RETURN_NOTIMPLEMENTED;
-  return call_below_autograd(args[0], true, [&a](const at::Tensor& x) {
+  return call_op(args[0], true, [&a](const at::Tensor& x) {
     return borrowed_op().call(x FU_BORROWED_ARGS(FU_GET));
   });
   END_HANDLE_TH_ERRORS
@@ -257,26 +243,15 @@ PyObject* owned_out(PyObject* /*module*/, PyObject* const* args, Py_ssize_t coun
   at::Tensor out = THPVariable_Unpack(args[kOwnedCount]);
   // Ready in the caller's stream order: a caller that reads its own `out` rather than the
   // returned tensor (the usual way with a persistent buffer) must never see it half-written.
-  return call_below_autograd(args[0], false, [&a, &out](const at::Tensor& x) {
+  return call_op(args[0], false, [&a, &out](const at::Tensor& x) {
     return out_op().call(x FU_OWNED_ARGS(FU_GET), out);
   });
   END_HANDLE_TH_ERRORS
 }
 
-// set_defer(flag): whether this thread's next calls through torch.ops leave the caller's wait
-// to their result; returns whether the last call did.
-PyObject* set_defer(PyObject* /*module*/, PyObject* flag) {
-  transport::JoinRequest& join = transport::join_request();
-  const bool deferred = join.deferred;
-  join.defer = flag == Py_True;
-  join.deferred = false;
-  if (deferred) Py_RETURN_TRUE;
-  Py_RETURN_FALSE;
-}
-
 PyMethodDef methods[] = {
     {"owned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned)), METH_FASTCALL,
-     "owned(x" FU_OWNED_ARGS(FU_LISTED) "): the op all_to_all_single_4d below autograd, or "
+     "owned(x" FU_OWNED_ARGS(FU_LISTED) "): the op all_to_all_single_4d (below autograd unless it records a backward), or "
                                         "NotImplemented (call torch.ops instead)"},
     {"borrowed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&borrowed)),
      METH_FASTCALL,
@@ -286,9 +261,6 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "owned_out(x" FU_OWNED_ARGS(FU_LISTED) ", out): the op all_to_all_single_4d_out below "
                                             "autograd, or NotImplemented"},
-    {"set_defer", &set_defer, METH_O,
-     "set_defer(flag): whether this thread's next calls through torch.ops leave the caller's "
-     "wait to their result (an AsyncCollectiveTensor); returns whether the last call did"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

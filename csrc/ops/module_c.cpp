@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "env/env.h"
+#include "ops/autograd_kernels.h"
 #include "ops/call_args.h"
 #include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
 #include "plan/group_stats.h"
+#include "plan/tag_rules.h"
 
 namespace {
 
@@ -199,6 +201,17 @@ PyObject* check_borrowed_grad(PyObject*, PyObject* const* args, Py_ssize_t count
   END_HANDLE_TH_ERRORS
 }
 
+// set_backward_check(hook): the owned op's backward hands its call to `hook` (a callable) before
+// anything is sent, or to nothing (None): FAST_ULYSSES_DEBUG's check (autograd_kernels.h).
+PyObject* set_backward_check(PyObject*, PyObject* hook) {
+  HANDLE_TH_ERRORS
+  if (hook != Py_None && !PyCallable_Check(hook))
+    throw torch::TypeError("set_backward_check() takes a callable or None");
+  ops::set_backward_check(hook);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 template <typename F>
 constexpr PyCFunction fastcall(F* f) {
   return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f));
@@ -218,6 +231,9 @@ PyMethodDef methods[] = {
     {"check_input", &check_input, METH_O, "check_input(x) -> element size"},
     {"check_borrowed_grad", fastcall(&check_borrowed_grad), METH_FASTCALL,
      "check_borrowed_grad(x, entry)"},
+    {"set_backward_check", &set_backward_check, METH_O,
+     "set_backward_check(hook): the owned op's backward hands hook(group_name, grad, mode, tag, "
+     "seq_splits, head_splits, layout) its call first; None: to nothing"},
     {nullptr, nullptr, 0, nullptr}};
 
 // -- the constants --------------------------------------------------------------------------
@@ -255,14 +271,16 @@ bool add_constants(PyObject* m) {
   // LAYOUTS: every layout name, in enum order. DESCRIPTOR_FIELDS: a descriptor row's columns,
   // in order. GROUP_STATS_KEYS: the keys of both groups' stats(), in order. NORMS and
   // ROPE_STYLES: the names norm= and rope_style= take. *_ARGUMENTS: the ops' argument names,
-  // in schema order (call_args.h), for code that unpacks a call by name (autograd.py).
+  // in schema order (call_args.h). BACKWARD_SUFFIX: what
+  // a backward's tag appends to its forward's (tag_rules.h).
   return add(m, "LIMITS", limits()) && add(m, "LAYOUTS", to_tuple(ops::layouts_op())) &&
          add(m, "DESCRIPTOR_FIELDS", to_tuple(ops::descriptor_fields())) &&
          add(m, "GROUP_STATS_KEYS", to_tuple(fast_ulysses::kStatNames)) &&
          add(m, "NORMS", to_tuple(norms)) && add(m, "ROPE_STYLES", to_tuple(rope_styles)) &&
          add(m, "OWNED_ARGUMENTS", to_tuple(kOwnedArguments)) &&
          add(m, "BORROWED_ARGUMENTS", to_tuple(kBorrowedArguments)) &&
-         add(m, "FUSED_ARGUMENTS", to_tuple(kFusedArguments));
+         add(m, "FUSED_ARGUMENTS", to_tuple(kFusedArguments)) &&
+         add(m, "BACKWARD_SUFFIX", PyUnicode_FromString(fast_ulysses::kBackwardSuffix));
 }
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT,

@@ -5,8 +5,6 @@
 // This library (fast_ulysses._C) also implements what needs no GPU: the plan, the host executor
 // and the Meta kernels that let torch.compile trace the collectives. The CUDA kernels and the
 // group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "ops/call_args.h"
@@ -76,28 +74,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
   m.impl("check_norm_rope", &fast_ulysses::ops::check_norm_rope_op);
 }
 
-namespace {
-
-// The borrowed op's Autograd kernel: applies the borrowed autograd rule to x before anything is
-// sent, then runs the op below autograd (its result records no backward). In C++ so that a
-// call of the op costs no Python (UlyssesGroup's borrowed method goes through it too).
-void borrowed_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                       torch::jit::Stack* stack) {
-  const size_t arguments = op.schema().arguments().size();
-  const c10::IValue& x = (*stack)[stack->size() - arguments];
-  if (x.isTensor())
-    fast_ulysses::ops::check_borrowed_grad(x.toTensor(), "all_to_all_single_4d_borrowed");
-  at::AutoDispatchBelowAutograd guard;
-  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fast_ulysses, Autograd, m) {
-  m.impl("all_to_all_single_4d_borrowed",
-         torch::CppFunction::makeFromBoxedFunction<&borrowed_autograd>());
-}
-
+// The collectives' Autograd kernels: autograd_kernels.cpp.
 TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {
   m.impl("all_to_all_single_4d", &fast_ulysses::ops::all_to_all_meta);
   m.impl("all_to_all_single_4d_borrowed", &fast_ulysses::ops::all_to_all_borrowed_meta);

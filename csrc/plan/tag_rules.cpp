@@ -17,6 +17,10 @@ void check_tag_use(const std::string& tag, int64_t tags_so_far, bool known, bool
                     "call group.barrier() before reusing the tag");
 }
 
+std::string backward_tag(const std::string& tag) {
+  return tag + kBackwardSuffix;
+}
+
 int64_t window_for_call(const std::string& tag, int64_t bytes, int64_t held_bytes, bool sealed) {
   if (held_bytes >= bytes) return held_bytes;
   if (sealed)

@@ -12,6 +12,12 @@ namespace fast_ulysses {
 // Distinct tags one group may use (the transport has one signal slot per tag).
 constexpr int kMaxTags = 256;
 
+// The backward of a call on `tag` runs on `backward_tag(tag)`, its own window, so it never
+// touches a forward window that may still be in use: `tag` + kBackwardSuffix (a double backward
+// appends it again).
+constexpr const char* kBackwardSuffix = ":grad";
+std::string backward_tag(const std::string& tag);
+
 // Before a call on `tag`: `known` whether the group has seen the tag, `tags_so_far` how many
 // distinct tags it has seen, `deferred` whether the tag's last call was borrowed with
 // barrier=False and barrier() has not run since. Throws unless a new tag fits under kMaxTags

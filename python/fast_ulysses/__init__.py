@@ -12,7 +12,6 @@ from ._ops import cuda_available, cuda_load_error
 from ._version import __version__
 from .arguments import Mode
 from .attention import UlyssesAttention
-from .autograd import register_op_autograd
 from .errors import FastUlyssesError
 from .factory import UlyssesGroupLike, make_group
 from .fused import qk_norm_rope_all_to_all, qk_norm_rope_all_to_all_qk
@@ -32,8 +31,6 @@ from .upstream_options import (
     supports_world_size,
 )
 from .validation import CallSpec
-
-register_op_autograd()
 
 __all__ = [
     "__version__",

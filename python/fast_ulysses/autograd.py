@@ -5,15 +5,12 @@ backward of a call in mode m is a call in mode 1 - m with the same splits and la
 tag `backward_tag(tag)` (its own window, so the backward never touches a forward window that
 may still be in use). Gradients are therefore bit-exact.
 
-- The fast group: `torch.library.register_autograd` on the C++-defined op
-  `fast_ulysses::all_to_all_single_4d` (registered when `fast_ulysses` is imported), so eager
-  autograd and torch.compile see the same backward. That kernel is Python, so UlyssesGroup's
-  eager calls that need no grad take the typed entry, below autograd, and skip it (the host
-  time this saves: docs/DESIGN.md, "One route per call"). The
-  setup and the backward read the call by the op's argument names (`_C.OWNED_ARGUMENTS`, from
-  csrc/ops/call_args.h). `..._borrowed` has a C++ Autograd kernel that applies the borrowed
-  rule and records no backward. With FAST_ULYSSES_DEBUG=1 the backward
-  checks its call's agreement across ranks through the group (`debug.debugged`).
+- The fast group: the ops' Autograd kernels are C++ (csrc/ops/autograd_kernels.cpp): the owned
+  op `fast_ulysses::all_to_all_single_4d` records this backward, so eager autograd, a direct
+  `torch.ops` caller and torch.compile see the same one, and a call that records it costs no
+  Python; `..._borrowed` applies the borrowed rule and records no backward. With
+  FAST_ULYSSES_DEBUG=1 the backward first has its call checked across ranks
+  (`fast_ulysses.debug.check_backward`).
 - TorchUlyssesGroup: a `torch.autograd.Function` around its exchange (`TorchAllToAll`).
 
 Borrowed results and autograd: a borrowed result is the receive window, overwritten by the next
@@ -30,7 +27,6 @@ from __future__ import annotations
 import torch
 
 from ._ops import _C
-from .debug import debugged
 from .tags import backward_tag
 
 
@@ -48,53 +44,6 @@ def check_borrowed_grad(x, entry: str = "all_to_all_single_4d_borrowed") -> None
 @torch.compiler.disable  # run eagerly: under torch.compile too the caller gets the ValueError
 def _refuse_borrowed_grad(x, entry: str) -> None:
     _C.check_borrowed_grad(x, entry)
-
-
-# -- the fast group: autograd on the C++-defined ops -----------------------------------------
-
-_OWNED = "fast_ulysses::all_to_all_single_4d"
-# The op's argument names, in schema order (csrc/ops/call_args.h, the one definition).
-_OWNED_ARGUMENTS = _C.OWNED_ARGUMENTS
-_registered = False
-
-
-def _setup_owned(ctx, inputs, output):
-    # (torch.library hands every argument, defaults filled in, in schema order.)
-    call = dict(zip(_OWNED_ARGUMENTS, inputs))
-    del call["x"]
-    call["mode"] = int(call["mode"])
-    ctx.call = call
-
-
-def _backward_owned(ctx, grad):
-    call = ctx.call
-    grad = grad.contiguous()  # autograd may hand an expanded gradient (that of a sum)
-    backward = dict(call, x=grad, mode=1 - call["mode"], tag=backward_tag(call["tag"]))
-    group = debugged(call["group_name"])
-    # FAST_ULYSSES_DEBUG=1: the backward call is checked like any other, in eager autograd (a
-    # plain tensor); a compiled backward is traced once, with no collective in the trace.
-    if group is not None and type(grad) is torch.Tensor:
-        group._before_call(
-            "all_to_all_single_4d (backward)",
-            grad,
-            backward["mode"],
-            backward["tag"],
-            call["seq_splits"],
-            call["head_splits"],
-            call["layout"],
-        )
-    grad_x = torch.ops.fast_ulysses.all_to_all_single_4d(**backward)
-    return (grad_x,) + (None,) * (len(_OWNED_ARGUMENTS) - 1)
-
-
-def register_op_autograd() -> None:
-    """Registers the owned op's backward (once; `fast_ulysses` calls it). The borrowed op's
-    Autograd kernel is C++ (it records no backward)."""
-    global _registered
-    if _registered:
-        return
-    torch.library.register_autograd(_OWNED, _backward_owned, setup_context=_setup_owned)
-    _registered = True
 
 
 # -- the torch fallback ----------------------------------------------------------------------

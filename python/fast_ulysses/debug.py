@@ -1,15 +1,18 @@
 """FAST_ULYSSES_DEBUG=1: every rank checks every call against every other rank's, before
 anything is sent. One function, `check_agreement`, called by both groups; and the registry of
 debugged UlyssesGroups by process-group name (`debugged`), through which the fast group's
-backward, which calls the C++ op directly, finds its group to check too."""
+backward, which is C++, finds its group to check too (`check_backward`, the hook it calls while
+a debugged group is registered)."""
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 
+from ._ops import _C
 from .arguments import as_mode, check_tag
 from .env import DEBUG_ENV, switch
 from .errors import FastUlyssesError
@@ -25,21 +28,37 @@ _DEBUGGED: dict = {}  # process-group name -> weakref to a live UlyssesGroup bui
 
 
 def register_debugged(group) -> None:
-    """Records a UlyssesGroup built with FAST_ULYSSES_DEBUG=1 under its group_name."""
+    """Records a UlyssesGroup built with FAST_ULYSSES_DEBUG=1 under its group_name, and has the
+    owned op's backward call `check_backward`."""
     _DEBUGGED[group.group_name] = weakref.ref(group)
+    _C.set_backward_check(check_backward)
 
 
 def unregister_debugged(group) -> None:
-    """Forgets `group` (its destroy())."""
+    """Forgets `group` (its destroy()); with no debugged group left, the backward calls no hook."""
     ref = _DEBUGGED.get(group.group_name)
     if ref is not None and ref() is group:
         del _DEBUGGED[group.group_name]
+    if not _DEBUGGED:
+        _C.set_backward_check(None)
 
 
 def debugged(group_name: str):
     """The live debugged UlyssesGroup of `group_name`, or None."""
     ref = _DEBUGGED.get(group_name)
     return ref() if ref is not None else None
+
+
+def check_backward(group_name, grad, mode, tag, seq_splits, head_splits, layout) -> None:
+    """The hook of the owned op's C++ backward (csrc/ops/autograd_kernels.cpp), about to send
+    `grad` with its own arguments (mode 1 - m on `backward_tag(tag)`): the debugged group of
+    `group_name`, if one lives, checks the call across ranks first. In eager autograd only (a
+    plain tensor): a compiled backward is traced once, with no collective in the trace."""
+    group = debugged(group_name)
+    if group is not None and type(grad) is torch.Tensor:
+        group._before_call(
+            "all_to_all_single_4d (backward)", grad, mode, tag, seq_splits, head_splits, layout
+        )
 
 
 def describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra=()) -> str:

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from . import wire
 from ._ops import _C, cuda_load_error, cuda_module, ops
@@ -209,26 +208,14 @@ class UlyssesGroup(FastCallChecks, UpstreamNames):
                 return self._into(args, out)
             if torch.compiler.is_compiling():
                 return ops.all_to_all_single_4d(*args)
-            if x.requires_grad and torch.is_grad_enabled():
-                return self._with_grad(args)
-            # A plain eager call: the typed entry (below autograd, skipping the op's Python
-            # autograd kernel; an AsyncCollectiveTensor where the transfer is in flight). What
-            # it declines goes through torch.ops, whose autograd kernel needs no grad here and
-            # runs the op below autograd itself (a plain tensor, ready in the current stream's
+            # An eager call: the typed entry (an AsyncCollectiveTensor where the transfer is in
+            # flight; through the op's C++ Autograd kernel where it records a backward). What
+            # it declines goes through torch.ops (a plain tensor, ready in the current stream's
             # order). The routes: docs/DESIGN.md, "One route per call".
             result = cuda_module.owned(*args)
             return ops.all_to_all_single_4d(*args) if result is NotImplemented else result
         except ValueError as error:
             raise refused(error) from None
-
-    def _with_grad(self, args) -> torch.Tensor:
-        """The owned op through its autograd kernel, the caller's wait left to the result."""
-        cuda_module.set_defer(True)
-        try:
-            result = ops.all_to_all_single_4d(*args)
-        finally:
-            deferred = cuda_module.set_defer(False)
-        return funcol._maybe_wrap_tensor(result) if deferred else result
 
     def _into(self, args, out) -> torch.Tensor:
         """The owned call into the caller's `out` (the op checks it before anything is sent)."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import _C
 from .arguments import as_mode, check_tag
 from .errors import FastUlyssesError, refused
 from .plan import LAYOUTS, check_mode_and_layout
 from .validation import check_input
 
-BACKWARD_SUFFIX = ":grad"
+BACKWARD_SUFFIX = _C.BACKWARD_SUFFIX  # ":grad" (csrc/plan/tag_rules.h, which the C++ backward uses)
 AUTO_PREFIX = "fu.auto"
 
 

@@ -1,5 +1,5 @@
 // The per-tag rules both groups apply (csrc/plan/tag_rules.h): the tag limit, deferred tags, and
-// the window a call gets from a sealed or unsealed pool.
+// the window a call gets from a sealed or unsealed pool, and the tag of a call's backward.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +10,7 @@
 namespace fu_test {
 namespace {
 
+using fast_ulysses::backward_tag;
 using fast_ulysses::check_tag_use;
 using fast_ulysses::kMaxTags;
 using fast_ulysses::PlanError;
@@ -32,6 +33,11 @@ TEST(TagRules, NewTagsUpToTheLimitAndKnownTagsAlways) {
   EXPECT_NE(message.find("tag 'x' would be the group's tag number 257"), std::string::npos)
       << message;
   EXPECT_NE(message.find("at most 256 distinct tags"), std::string::npos) << message;
+}
+
+TEST(TagRules, BackwardTagAppendsTheSuffixEachTime) {
+  EXPECT_EQ(backward_tag("q"), "q:grad");
+  EXPECT_EQ(backward_tag(backward_tag("q")), "q:grad:grad");  // a double backward
 }
 
 TEST(TagRules, DeferredTagRefusedUntilBarrier) {

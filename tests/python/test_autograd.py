@@ -107,44 +107,56 @@ def test_double_backward_on_the_torch_group(world1):
     assert torch.equal(g, 2 * x) and torch.equal(x.grad, torch.full_like(x, 2.0))
 
 
-def test_the_fast_groups_backward_is_checked_through_a_debugged_group():
-    """FAST_ULYSSES_DEBUG=1 on UlyssesGroup: the backward (which calls the C++ op directly) asks
-    the debugged group registered under its process-group name to check its call first, with
-    the backward's arguments: mode 1 - m on backward_tag(tag)."""
-    from fast_ulysses import autograd, debug
+class StandIn:
+    """Stands in for a UlyssesGroup built with FAST_ULYSSES_DEBUG=1 on `group_name`: records the
+    calls it is asked to check, and refuses them as a disagreement would."""
 
-    seen = []
+    def __init__(self, group_name):
+        self.group_name = group_name
+        self.seen = []
 
-    class Group:  # stands in for a UlyssesGroup built with FAST_ULYSSES_DEBUG=1
-        group_name = "debugged-test-group"
+    def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout):
+        assert x.is_contiguous(), "the check was given the gradient before .contiguous()"
+        self.seen.append((name, tuple(x.shape), mode, tag, seq_splits, head_splits, layout))
+        raise ValueError("checked")  # what a disagreement raises, before anything is sent
 
-        def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout):
-            assert x.is_contiguous(), "the check was given the gradient before .contiguous()"
-            seen.append((name, tuple(x.shape), mode, tag, seq_splits, head_splits, layout))
-            raise ValueError("checked")  # what a disagreement raises, before anything is sent
 
-    group = Group()
+def test_the_fast_groups_backward_is_checked_through_a_debugged_group(world1):
+    """FAST_ULYSSES_DEBUG=1 on UlyssesGroup: the op's C++ backward asks the debugged group
+    registered under its group name to check its call first, with the backward's own arguments
+    (mode 1 - m on backward_tag(tag), the gradient made contiguous), and its refusal reaches the
+    caller of backward() as it was raised. With no debugged group left, nothing is asked."""
+    from fast_ulysses import debug
+
+    group = StandIn(world1.group_name)
     debug.register_debugged(group)
+    x = torch.zeros(1, 4, 2, 8, device="meta", requires_grad=True)
     try:
-
-        class Ctx:
-            pass
-
-        # What torch.library hands the setup: every argument, in schema order.
-        ctx = Ctx()
-        autograd._setup_owned(
-            ctx, (torch.zeros(1, 4, 2, 8), 0, "q", group.group_name, [2, 2], None, "bshd", 0), None
+        y = torch.ops.fast_ulysses.all_to_all_single_4d(
+            x, 0, "q", world1.group_name, [4], None, "bshd", 0
         )
-        # The gradient of a sum is expanded (strides 0): the check sees what is sent, the
-        # contiguous gradient.
-        with pytest.raises(ValueError, match="checked"):
-            autograd._backward_owned(ctx, torch.zeros(1).expand(1, 4, 2, 8))
-        assert seen == [
-            ("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [2, 2], None, "bshd")
+        # The gradient of a sum is expanded (strides 0): the check sees what is sent.
+        with pytest.raises(ValueError, match="^checked$"):
+            y.sum().backward()
+        assert group.seen == [
+            ("all_to_all_single_4d (backward)", (1, 4, 2, 8), 1, "q:grad", [4], None, "bshd")
         ]
     finally:
         debug.unregister_debugged(group)
     assert debug.debugged(group.group_name) is None
+    y = torch.ops.fast_ulysses.all_to_all_single_4d(x, 0, "q", world1.group_name, None, None)
+    y.sum().backward()
+    assert len(group.seen) == 1 and x.grad.shape == x.shape
+
+
+def test_fast_op_double_backward_on_meta(world1):
+    """The op's backward is itself the op, through its Autograd kernel: differentiable again."""
+    x = torch.zeros(1, 6, 4, 8, device="meta", requires_grad=True)
+    y = torch.ops.fast_ulysses.all_to_all_single_4d(*op_args(world1, x), rank=0)
+    (g,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+    assert g.requires_grad and g.grad_fn is not None
+    g.sum().backward()
+    assert x.grad.shape == x.shape
 
 
 def test_the_borrowed_refusal_is_a_value_error_under_torch_compile(world1):

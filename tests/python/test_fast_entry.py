@@ -1,7 +1,8 @@
 """The CUDA module's `owned` and `borrowed` (csrc/ops/fast_entry.cpp), UlyssesGroup's eager way
 into its ops, on CPU and meta tensors: they reach the same op through the dispatcher (the same
-errors and shapes as torch.ops, dispatch modes and the profiler see the op), below autograd, and
-decline with NotImplemented whatever they were not built for."""
+errors and shapes as torch.ops, dispatch modes and the profiler see the op), and
+decline with NotImplemented whatever they were not built for. A call that needs a gradient goes
+through the op's C++ Autograd kernel; every other one below autograd."""
 
 from __future__ import annotations
 
@@ -88,20 +89,25 @@ def test_the_profiler_records_the_op(entry):
     assert OPS[entry].default.name() in names, sorted(names)
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_calls_below_autograd(entry):
-    """The method applies the autograd rules first; the entry itself runs below autograd: an
-    input that requires grad records no backward (through torch.ops the owned op would, and the
-    borrowed op would refuse it)."""
+def test_an_owned_call_that_needs_a_gradient_records_the_ops_backward(world1):
+    """A call whose x requires grad (grad mode on) goes through the op's C++ Autograd kernel:
+    its result records the backward (mode 1 - m, which runs on meta too); with grad mode off,
+    or an x that needs none, it records nothing."""
+    x = torch.zeros(1, 4, 2, 8, device="meta", requires_grad=True)
+    y = cuda_module.owned(*arguments("owned", x, world1.group_name))
+    assert y.requires_grad and y.grad_fn is not None and y.shape == (1, 4, 2, 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    with torch.no_grad():
+        assert cuda_module.owned(*arguments("owned", x, world1.group_name)).grad_fn is None
+    plain = cuda_module.owned(*arguments("owned", x.detach(), world1.group_name))
+    assert plain.grad_fn is None and not plain.requires_grad
 
-    class Result(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return torch.zeros(2)
 
-    args = arguments(entry, torch.zeros(1, 4, 2, 8, requires_grad=True))
-    with Result():
-        out = getattr(cuda_module, entry)(*args)
-    assert out.grad_fn is None and not out.requires_grad
+def test_a_borrowed_call_that_needs_a_gradient_is_refused_by_its_autograd_kernel(world1):
+    x = torch.zeros(1, 4, 2, 8, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match="all_to_all_single_4d_borrowed: x requires grad"):
+        cuda_module.borrowed(*arguments("borrowed", x, world1.group_name))
 
 
 class Subclass(torch.Tensor):
@@ -168,13 +174,3 @@ def test_owned_out_declines_what_it_was_not_built_for():
     args = arguments("owned")
     assert cuda_module.owned_out(*args, [1]) is NotImplemented  # out not a tensor
     assert cuda_module.owned_out(*args) is NotImplemented  # no out
-
-
-def test_set_defer_says_whether_the_last_call_deferred():
-    """set_defer(flag) returns whether the last call on this thread left its wait to its result:
-    never for a call that raised before reaching a group."""
-    args = arguments("owned")
-    cuda_module.set_defer(True)
-    with pytest.raises(ValueError):
-        torch.ops.fast_ulysses.all_to_all_single_4d(*args)
-    assert cuda_module.set_defer(False) is False

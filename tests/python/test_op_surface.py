@@ -42,6 +42,7 @@ FUNCTIONS = {
     "shapes",
     "check_input",
     "check_borrowed_grad",
+    "set_backward_check",  # FAST_ULYSSES_DEBUG's hook in the owned op's C++ backward
 }
 CONSTANTS = {
     "LIMITS",
@@ -53,6 +54,7 @@ CONSTANTS = {
     "OWNED_ARGUMENTS",
     "BORROWED_ARGUMENTS",
     "FUSED_ARGUMENTS",
+    "BACKWARD_SUFFIX",
 }
 
 
