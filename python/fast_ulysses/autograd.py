@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ._ops import _C
+from .arguments import as_mode
 from .tags import backward_tag
 
 
@@ -54,20 +55,19 @@ class TorchAllToAll(torch.autograd.Function):
     through the group's own entry point, so a double backward works too)."""
 
     @staticmethod
-    def forward(ctx, x, group, exchange, mode, tag, seq_splits, head_splits, layout):
-        ctx.group = group
-        ctx.call = (mode, tag, seq_splits, head_splits, layout)
+    def forward(ctx, x, group, exchange, call):
+        ctx.group, ctx.call = group, call  # (call: the forward's `fast_ulysses.call.Call`)
         return exchange()
 
     @staticmethod
     def backward(ctx, grad):
-        mode, tag, seq_splits, head_splits, layout = ctx.call
+        call = ctx.call
         grad_x = ctx.group.all_to_all_single_4d(
             grad.contiguous(),
-            1 - mode,
-            backward_tag(tag),
-            seq_splits=seq_splits,
-            head_splits=head_splits,
-            layout=layout,
+            1 - as_mode(call.mode),
+            backward_tag(call.tag),
+            seq_splits=call.seq_splits,
+            head_splits=call.head_splits,
+            layout=call.layout,
         )
-        return grad_x, None, None, None, None, None, None, None
+        return grad_x, None, None, None

@@ -4,7 +4,9 @@ goes ahead only if every rank of the group makes the same call.
 A row. Each rank sends one int64 row (`CallCheck.agree`: one `all_gather_into_tensor`) saying
 what it believes the call is: 0 (a valid call), the entry point, mode, layout, tag (a 64-bit
 hash), dtype and x's device type (codes), batch, head_dim, the plan's window bytes and barrier
-(-1 for the owned entry), then the plan's resolved seq_splits and head_splits (P values each). A
+(-1 for the owned entry), a 64-bit hash of every other field of the call (`fast_ulysses.call.others`:
+0 when there is none, so a field added to `Call` is compared without this check being edited),
+then the plan's resolved seq_splits and head_splits (P values each). A
 rank that refuses its own call (a plan error, a tag rule, a device its group does not move, a
 bad out=) sends the invalid row (1, then zeros) instead, so it still joins the gather. The row
 travels on the CPU where the group's backend takes CPU tensors (gloo), else on x's GPU (NCCL),
@@ -36,15 +38,12 @@ from functools import cache, lru_cache
 import torch
 import torch.distributed as dist
 
-from .debug import debug_enabled, describe_call
+from .call import BORROWED, OWNED, describe, others
+from .debug import debug_enabled
 from .env import CHECK_CALLS_ENV, switch
 from .errors import FastUlyssesError
 from .plan import LAYOUTS, Plan
 from .topology import _rank_list, agreement_message
-
-# The names of TorchUlyssesGroup's two entry points (the row encodes them, the messages name them).
-OWNED = "all_to_all_single_4d"
-BORROWED = "all_to_all_single_4d_borrowed"
 
 
 def agreed_settings(process_group, world_size: int) -> tuple[bool, bool]:
@@ -101,9 +100,7 @@ class CallCheck:
         self._rows: dict[torch.device, torch.Tensor] = {}  # gather buffers, by device
         self._gather_type = _gather_device_type(process_group)
 
-    def agree(
-        self, index, prepare, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out
-    ):
+    def agree(self, index, prepare, call):
         """Checks one call of the group across its ranks (collective): `prepare()`, then one
         all_gather_into_tensor of every rank's `_row` (or of the invalid row, where `prepare`
         raised: this rank still joins).
@@ -112,10 +109,7 @@ class CallCheck:
             index: the call's number in the group, for the message.
             prepare: this rank's own checks of the call, with no effect on the group: returns
                 (tag, plan, ...), or raises.
-            name, x, mode, tag, seq_splits, head_splits, layout: the call as made (name: OWNED
-                or BORROWED).
-            barrier: the borrowed call's barrier; None for the owned entry.
-            out: the owned call's out=, or None.
+            call: the call as made (`fast_ulysses.call.Call`; entry OWNED or BORROWED).
 
         Returns:
             `prepare`'s result, when every row is the same valid row.
@@ -127,9 +121,10 @@ class CallCheck:
         prepared, mine = None, None
         try:
             prepared = prepare()
-            row = _row(name, prepared[1], prepared[0], x, barrier)
+            row = _row(call, prepared[1], prepared[0])
         except Exception as error:  # noqa: BLE001 - every rank must learn of it, then raise
             row, mine = self._invalid_row, error
+        x = call.x
         if isinstance(x, torch.Tensor) and x.device.type == self._gather_type:
             device = x.device
         else:
@@ -145,20 +140,11 @@ class CallCheck:
         everyone = rows.view(self.world_size, self._row_size).tolist()
         first = everyone[0]
         if first[0] or any(other != first for other in everyone[1:]):
-            shown = prepared[0] if prepared is not None else tag
-            call = describe_call(name, x, mode, shown, seq_splits, head_splits, layout)
-            if barrier is not None:
-                call = f"{call[:-1]}, barrier={barrier})"
-            if out is not None:
-                shown = (
-                    f"{tuple(out.shape)} {out.dtype}"
-                    if isinstance(out, torch.Tensor)
-                    else type(out).__name__
-                )
-                call = f"{call[:-1]}, out={shown})"
+            shown = describe(call if prepared is None else call._replace(tag=prepared[0]))
             if not row[0] and len({peer[_DEVICE] for peer in everyone if not peer[0]}) > 1:
-                call = f"{call} on {x.device.type}"  # valid calls on different device types
-            self._refuse(index, everyone, call, mine, seq_splits is None, head_splits is None)
+                shown = f"{shown} on {x.device.type}"  # valid calls on different device types
+            none = (call.seq_splits is None, call.head_splits is None)
+            self._refuse(index, everyone, shown, mine, *none)
         return prepared
 
     def _refuse(self, index, rows, call, mine, seq_none, head_none):
@@ -189,8 +175,11 @@ _HEADER = (
     "head_dim",
     "window bytes",
     "barrier",
+    "other arguments",
 )
-_DEVICE, _WINDOW, _BARRIER = (_HEADER.index(f) for f in ("device", "window bytes", "barrier"))
+_DEVICE, _WINDOW, _BARRIER, _OTHERS = (
+    _HEADER.index(f) for f in ("device", "window bytes", "barrier", "other arguments")
+)
 _ENTRY_CODES = {OWNED: 0, BORROWED: 1}
 _LAYOUT_CODES = {name: code for code, name in enumerate(LAYOUTS)}
 _SHOWN = {"mode", "batch", "head_dim"}  # told by value (the others: by the calls)
@@ -213,12 +202,13 @@ def _device_code(device_type: str) -> int:
     return zlib.crc32(device_type.encode())
 
 
-def _row(name: str, p: Plan, tag: str, x: torch.Tensor, barrier) -> list[int]:
-    """What this rank believes the call is, as the call check compares it."""
-    shape = p.input_shape
+def _row(call, p: Plan, tag: str) -> list[int]:
+    """What this rank believes `call` is, as the call check compares it (`tag`: resolved)."""
+    shape, x, barrier = p.input_shape, call.x, call.barrier
+    extra = others(call)
     return [
         0,
-        _ENTRY_CODES[name],
+        _ENTRY_CODES[call.entry],
         p.mode,
         _LAYOUT_CODES[p.layout],
         _tag_code(tag),
@@ -228,6 +218,7 @@ def _row(name: str, p: Plan, tag: str, x: torch.Tensor, barrier) -> list[int]:
         shape[3],
         p.window_bytes,
         -1 if barrier is None else int(barrier),
+        _tag_code(repr(extra)) if extra else 0,
         *p.seq_splits,
         *p.head_splits,
     ]
@@ -271,6 +262,8 @@ def _differences(a: list[int], b: list[int], peer: int, calls: list[tuple]) -> s
     ]
     if a[_BARRIER] != b[_BARRIER] and min(a[_BARRIER], b[_BARRIER]) >= 0:  # -1: owned
         parts.append(f"barrier ({both(bool(a[_BARRIER]), bool(b[_BARRIER]))})")
+    if a[_OTHERS] != b[_OTHERS]:
+        parts.append("other arguments (as the calls show)")
     world, start = (len(a) - len(_HEADER)) // 2, len(_HEADER)
     hints = []
     same_call = a[1:4] == b[1:4]  # entry point, mode and layout: the splits mean the same

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ._ops import _C
 from .arguments import as_mode, check_tag
+from .call import Call, describe, make_call, others
 from .env import DEBUG_ENV, switch
 from .errors import FastUlyssesError
 from .validation import plan_call
@@ -57,19 +58,10 @@ def check_backward(group_name, grad, mode, tag, seq_splits, head_splits, layout)
     group = debugged(group_name)
     if group is not None and type(grad) is torch.Tensor:
         group._before_call(
-            "all_to_all_single_4d (backward)", grad, mode, tag, seq_splits, head_splits, layout
+            make_call(
+                "all_to_all_single_4d (backward)", grad, mode, tag, seq_splits, head_splits, layout
+            )
         )
-
-
-def describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra=()) -> str:
-    """One call as the debug messages name it."""
-    shown_mode = int(mode) if isinstance(mode, int) else repr(mode)
-    return (
-        f"{name}(x={tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}, "
-        f"mode={shown_mode}, tag={tag!r}, seq_splits={_list(seq_splits)}, "
-        f"head_splits={_list(head_splits)}, layout={layout!r}"
-        f"{''.join(f', {e!r}' for e in extra)})"
-    )
 
 
 def check_agreement(
@@ -77,14 +69,7 @@ def check_agreement(
     rank: int,
     world_size: int,
     index: int,
-    name: str,
-    x,
-    mode,
-    tag,
-    seq_splits,
-    head_splits,
-    layout,
-    extra=(),
+    call: Call,
     *,
     check_device: Callable | None = None,
 ) -> None:
@@ -95,25 +80,32 @@ def check_agreement(
     Arguments:
         process_group, rank, world_size: the group's.
         index: the call's number on this group (1 for the first).
-        name: the entry point; x, mode, tag, seq_splits, head_splits, layout: its arguments;
-            extra: its other arguments (borrowed: barrier), which must agree too.
+        call: the call (`fast_ulysses.call.Call`): its entry point, barrier and every field no
+            check reads by name must agree too.
         check_device: the group's device rule for x (raises ValueError), or None.
     """
-    call = describe_call(name, x, mode, tag, seq_splits, head_splits, layout, extra)
+    shown = describe(call)
+    x, layout = call.x, call.layout
     key, error = None, ""
     try:
-        check_tag(tag)
+        check_tag(call.tag)
         if check_device is not None:
             check_device(x)
         # Shapes legitimately differ across ranks with uneven splits; the resolved splits, the
         # batch and head dimensions and the window size must agree.
         p = plan_call(
-            x, world_size, rank, mode, seq_splits=seq_splits, head_splits=head_splits, layout=layout
+            x,
+            world_size,
+            rank,
+            call.mode,
+            seq_splits=call.seq_splits,
+            head_splits=call.head_splits,
+            layout=layout,
         )
         key = (
-            name,
-            as_mode(mode),
-            tag,
+            call.entry,
+            as_mode(call.mode),
+            call.tag,
             layout,
             str(x.dtype),
             p.seq_splits,
@@ -121,12 +113,13 @@ def check_agreement(
             p.input_shape[layout.index("b")],
             p.input_shape[3],
             p.window_bytes,
-            tuple(extra),
+            call.barrier,
+            others(call),
         )
     except ValueError as exc:
         error = str(exc)
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, (key, call, error), group=process_group)
+    dist.all_gather_object(gathered, (key, shown, error), group=process_group)
     for peer, (_, peer_call, peer_error) in enumerate(gathered):
         if peer_error:
             raise FastUlyssesError(
@@ -135,13 +128,6 @@ def check_agreement(
     for peer, (peer_key, peer_call, _) in enumerate(gathered):
         if peer_key != key:
             raise FastUlyssesError(
-                f"call #{index} differs across ranks: rank {rank} called {call} "
+                f"call #{index} differs across ranks: rank {rank} called {shown} "
                 f"but rank {peer} called {peer_call}"
             )
-
-
-def _list(values):
-    try:
-        return None if values is None else [int(v) for v in values]
-    except (TypeError, ValueError):
-        return values

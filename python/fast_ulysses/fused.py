@@ -27,6 +27,7 @@ import torch
 
 from ._ops import _C, ops
 from .arguments import as_splits, check_tag, check_tags
+from .call import make_call
 from .errors import FastUlyssesError, refused
 from .plan import cached_plan
 
@@ -193,7 +194,9 @@ def qk_norm_rope_all_to_all(
         borrowed = False  # traced as the owned call, as the borrowed all-to-all is
     name = "qk_norm_rope_all_to_all" + ("_borrowed" if borrowed else "")
     try:
-        group._before_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
+        group._before_call(
+            make_call(name, x, 0, tag, seq_splits, head_splits, layout, bool(barrier))
+        )
         return ops.qk_norm_rope_all_to_all(
             x,
             tag,

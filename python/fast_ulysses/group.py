@@ -16,6 +16,7 @@ from . import wire
 from ._ops import _C, cuda_load_error, cuda_module, ops
 from .arguments import as_mode, as_pool_bytes, as_splits, group_repr
 from .autograd import check_borrowed_grad
+from .call import BORROWED, OWNED, Call, new_call
 from .debug import debug_enabled, register_debugged, unregister_debugged
 from .errors import FastUlyssesError, public, refused
 from .group_checks import FastCallChecks, check_decision, forget, forget_collected
@@ -192,18 +193,11 @@ class UlyssesGroup(FastCallChecks, UpstreamNames):
         try:
             if use_tma is not None:
                 check_use_tma(use_tma)
-            tag = resolve_tag(tag, x, mode, layout)
-            self._before_call("all_to_all_single_4d", x, mode, tag, seq_splits, head_splits, layout)
-            args = (
-                x,
-                as_mode(mode),
-                tag,
-                self.group_name,
-                as_splits(seq_splits, "seq_splits"),
-                as_splits(head_splits, "head_splits"),
-                layout,
-                self.rank,
-            )
+            if tag is None:
+                tag = resolve_tag(tag, x, mode, layout)
+            call = new_call(Call, (OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out))
+            self._before_call(call)
+            args = self._op_args(call)
             if out is not None:
                 return self._into(args, out)
             if torch.compiler.is_compiling():
@@ -216,6 +210,21 @@ class UlyssesGroup(FastCallChecks, UpstreamNames):
             return ops.all_to_all_single_4d(*args) if result is NotImplemented else result
         except ValueError as error:
             raise refused(error) from None
+
+    def _op_args(self, call) -> tuple:
+        """The op's arguments for `call`, in schema order (csrc/ops/call_args.h): the borrowed
+        op's barrier before the rank. Mode and splits as the ops take them (`as_mode`,
+        `as_splits`: the common case, a plain 0 or 1 and None, costs a type check each)."""
+        x, mode, tag, seq, head, layout, barrier = call[1:8]
+        if type(mode) is not int or not 0 <= mode <= 1:
+            mode = as_mode(mode)
+        if seq is not None:
+            seq = as_splits(seq, "seq_splits")
+        if head is not None:
+            head = as_splits(head, "head_splits")
+        if barrier is None:
+            return (x, mode, tag, self.group_name, seq, head, layout, self.rank)
+        return (x, mode, tag, self.group_name, seq, head, layout, bool(barrier), self.rank)
 
     def _into(self, args, out) -> torch.Tensor:
         """The owned call into the caller's `out` (the op checks it before anything is sent)."""
@@ -283,27 +292,11 @@ class UlyssesGroup(FastCallChecks, UpstreamNames):
                 return self.all_to_all_single_4d(
                     x, mode, tag, seq_splits=seq_splits, head_splits=head_splits, layout=layout
                 )
-            self._before_call(
-                "all_to_all_single_4d_borrowed",
-                x,
-                mode,
-                tag,
-                seq_splits,
-                head_splits,
-                layout,
-                barrier,
+            call = new_call(
+                Call, (BORROWED, x, mode, tag, seq_splits, head_splits, layout, barrier, None)
             )
-            args = (
-                x,
-                as_mode(mode),
-                tag,
-                self.group_name,
-                as_splits(seq_splits, "seq_splits"),
-                as_splits(head_splits, "head_splits"),
-                layout,
-                bool(barrier),
-                self.rank,
-            )
+            self._before_call(call)
+            args = self._op_args(call)
             # The typed entry (below autograd: the op's Autograd kernel only applies the rule
             # checked above), or torch.ops (through that kernel) where it declines.
             result = cuda_module.borrowed(*args)

@@ -29,8 +29,11 @@ class FastCallChecks:
         if self._destroyed:
             raise FastUlyssesError("this UlyssesGroup was destroyed: create a new one")
 
-    def _before_call(self, name, x, mode, tag, seq_splits, head_splits, layout, *extra):
-        self._check_live()
+    def _before_call(self, call) -> None:
+        """This rank's checks of `call` (a `fast_ulysses.call.Call`) before the op's own: with
+        FAST_ULYSSES_DEBUG=1, every rank's call against every other rank's."""
+        if self._destroyed:
+            self._check_live()  # raises
         if self._debug:  # every rank learns of every rank's problem: all raise, none waits
             self._calls += 1
             check_agreement(
@@ -38,19 +41,15 @@ class FastCallChecks:
                 self.rank,
                 self.world_size,
                 self._calls,
-                name,
-                x,
-                mode,
-                tag,
-                seq_splits,
-                head_splits,
-                layout,
-                extra,
+                call,
                 check_device=lambda t: self._check_tensor(t, device=True),
             )
-        else:
-            self._check_tensor(x)
-            check_tag(tag)
+        else:  # (the common case costs two type checks)
+            if type(call.x) is not torch.Tensor:
+                self._check_tensor(call.x)
+            tag = call.tag
+            if type(tag) is not str or not tag:
+                check_tag(tag)
 
     def _check_tensor(self, x, *, device: bool = False) -> None:
         # The op checks the rest itself (device, shape, dtype), in C++; the debug path asks the

@@ -9,7 +9,7 @@ import torch
 from ._ops import _C
 from .arguments import check_tag
 from .autograd import check_borrowed_grad
-from .call_check import BORROWED, OWNED
+from .call import BORROWED, OWNED
 from .debug import check_agreement
 from .errors import FastUlyssesError
 from .plan import Plan
@@ -22,22 +22,18 @@ class CallChecks:
     (`_call_check`, `_debug`, `_windows`, `_deferred`, `_sealed`, `_calls`, `_destroyed`)."""
 
     @torch.compiler.disable  # host-side: the checks and their collective stay out of traces
-    def _checked(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
-        """Checks one call of entry `name` (with FAST_ULYSSES_DEBUG=1 through
-        `check_agreement`; else at P > 1 through the call check, `_agree`), records its tag's
-        window, and returns (tag, plan). `barrier` is None for the owned entry. Raises
-        ValueError (the entry points make it a FastUlyssesError)."""
+    def _checked(self, call):
+        """Checks `call` (a `fast_ulysses.call.Call`, entry OWNED or BORROWED; with
+        FAST_ULYSSES_DEBUG=1 through `check_agreement`; else at P > 1 through the call check,
+        `_agree`), records its tag's window, and returns (tag, plan). Raises ValueError (the
+        entry points make it a FastUlyssesError)."""
         self._check_alive()
         if self._call_check is not None:
-            return self._commit(
-                self._agree(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
-            )
+            return self._commit(self._agree(call))
         if not self._debug:
-            return self._commit(
-                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
-            )
-        if name == OWNED and tag is None and isinstance(x, torch.Tensor):
-            tag = resolve_tag(tag, x, mode, layout)
+            return self._commit(self._prepare(call))
+        if call.entry == OWNED and call.tag is None and isinstance(call.x, torch.Tensor):
+            call = call._replace(tag=resolve_tag(None, call.x, call.mode, call.layout))
         prepared = []
         self._calls += 1
         # Every check of `_prepare` runs inside check_agreement's, so that a rank that refuses
@@ -47,39 +43,31 @@ class CallChecks:
             self.rank,
             self.world_size,
             self._calls,
-            name,
-            x,
-            mode,
-            tag,
-            seq_splits,
-            head_splits,
-            layout,
-            () if barrier is None else (barrier,),
-            check_device=lambda _: prepared.append(
-                self._prepare(name, x, mode, tag, seq_splits, head_splits, layout, barrier, out)
-            ),
+            call,
+            check_device=lambda _: prepared.append(self._prepare(call)),
         )
         return self._commit(prepared[0])
 
-    def _prepare(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
-        """This rank's checks of one call, with no effect on the group: the entry point's
-        rules, the plan, the device rule, the tag rules and `out`. Returns (tag, plan, the tag's
-        new window size or None); raises ValueError."""
-        if name == BORROWED:
+    def _prepare(self, call):
+        """This rank's checks of `call`, with no effect on the group: the entry point's rules,
+        the plan, the device rule, the tag rules and `out`. Returns (tag, plan, the tag's new
+        window size or None); raises ValueError."""
+        x, tag = call.x, call.tag
+        if call.entry == BORROWED:
             check_borrowed_tag(tag)
             check_borrowed_grad(x)
-            check_barrier(barrier)
+            check_barrier(call.barrier)
         else:
-            tag = resolve_tag(tag, x, mode, layout)
+            tag = resolve_tag(tag, x, call.mode, call.layout)
         check_tag(tag)
         p = plan_call(
             x,
             self.world_size,
             self.rank,
-            mode,
-            seq_splits=seq_splits,
-            head_splits=head_splits,
-            layout=layout,
+            call.mode,
+            seq_splits=call.seq_splits,
+            head_splits=call.head_splits,
+            layout=call.layout,
         )
         check_device(x, self._device_types)
         self._use_tag(tag)
@@ -87,8 +75,8 @@ class CallChecks:
         window = None
         if p.window_bytes > held:
             window = _C.window_for_call(tag, p.window_bytes, held, self._sealed)
-        if out is not None:
-            check_out(out, x, p)
+        if call.out is not None:
+            check_out(call.out, x, p)
         return tag, p, window
 
     def _commit(self, prepared) -> tuple[str, Plan]:
@@ -97,25 +85,11 @@ class CallChecks:
             self._windows[tag] = window
         return tag, p
 
-    def _agree(self, name, x, mode, tag, seq_splits, head_splits, layout, barrier, out):
+    def _agree(self, call):
         """`_prepare` under the call check (`fast_ulysses.call_check.CallCheck.agree`): returns
         its result when every rank makes the same valid call; else raises on every rank."""
         self._calls += 1
-        return self._call_check.agree(
-            self._calls,
-            lambda: self._prepare(
-                name, x, mode, tag, seq_splits, head_splits, layout, barrier, out
-            ),
-            name,
-            x,
-            mode,
-            tag,
-            seq_splits,
-            head_splits,
-            layout,
-            barrier,
-            out,
-        )
+        return self._call_check.agree(self._calls, lambda: self._prepare(call), call)
 
     def _use_tag(self, tag: str) -> None:
         """The fast group's tag rules: at most `limits()["max_tags"]` distinct tags, and none

@@ -21,7 +21,8 @@ from . import wire
 from ._ops import _C
 from .arguments import as_pool_bytes, group_repr
 from .autograd import TorchAllToAll
-from .call_check import BORROWED, OWNED, CallCheck, agreed_settings
+from .call import BORROWED, OWNED, Call, new_call
+from .call_check import CallCheck, agreed_settings
 from .errors import FastUlyssesError, public, refused
 from .topology import Decision
 from .torch_checks import CallChecks, device_types, read_once
@@ -207,20 +208,14 @@ class TorchUlyssesGroup(CallChecks, UpstreamNames):
             if use_tma is not None:
                 check_use_tma(use_tma)
             seq_splits, head_splits = read_once(seq_splits), read_once(head_splits)
-            tag, p = self._checked(OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out)
+            call = new_call(Call, (OWNED, x, mode, tag, seq_splits, head_splits, layout, None, out))
+            tag, p = self._checked(call)
             if out is not None:
                 return exchange(x, p, self.process_group, out)
             if not (x.requires_grad and torch.is_grad_enabled()):
                 return exchange(x, p, self.process_group)
             return TorchAllToAll.apply(
-                x,
-                self,
-                lambda: exchange(x, p, self.process_group),
-                p.mode,
-                tag,
-                seq_splits,
-                head_splits,
-                layout,
+                x, self, lambda: exchange(x, p, self.process_group), call._replace(tag=tag)
             )
         except ValueError as error:
             raise refused(error) from None
@@ -253,7 +248,9 @@ class TorchUlyssesGroup(CallChecks, UpstreamNames):
         try:
             seq_splits, head_splits = read_once(seq_splits), read_once(head_splits)
             tag, p = self._checked(
-                BORROWED, x, mode, tag, seq_splits, head_splits, layout, barrier, None
+                new_call(
+                    Call, (BORROWED, x, mode, tag, seq_splits, head_splits, layout, barrier, None)
+                )
             )
             result = exchange(x, p, self.process_group)
         except ValueError as error:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from .autograd import TorchAllToAll, check_borrowed_grad
+from .call import OWNED, make_call
 from .errors import FastUlyssesError
 from .plan import cached_plan
 from .tags import resolve_tag
@@ -170,7 +171,9 @@ def quantize(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
     x = x.detach()
     xf = x.float()
     top = torch.finfo(wire_dtype).max
-    scale = xf.abs().amax(dim=-1, keepdim=True) / top
+    # amax times the reciprocal, not amax / top: CUDA divides a tensor by a scalar that way, so
+    # written out it rounds the same on every device (a CPU-simulated call matches the GPU's).
+    scale = xf.abs().amax(dim=-1, keepdim=True) * (1.0 / top)
     payload = torch.where(scale > 0, (xf / scale).clamp(-top, top), 0.0).to(wire_dtype)
     # The scale's bytes as wire-dtype elements (flat first: an empty x's strides). One cat, not
     # slice writes into an empty tensor: inductor cannot lower those for FP8.
@@ -227,15 +230,14 @@ def exchange(group, x, mode, tag, *, wire_dtype, dequantize, borrowed=False, out
     if not (dequantize and out is None and x.requires_grad and torch.is_grad_enabled()):
         moved = group.all_to_all_single_4d(packed, mode, tag, **kw)
         return _receive(moved, x.dtype, dequantize, out)
+    call = make_call(
+        OWNED, x, mode, tag, kw.get("seq_splits"), kw.get("head_splits"), kw.get("layout", "bshd")
+    )
     return TorchAllToAll.apply(  # forward quantized; backward the plain reverse call
         x,
         group,
         lambda: _receive(group.all_to_all_single_4d(packed, mode, tag, **kw), x.dtype, True),
-        mode,
-        tag,
-        kw.get("seq_splits"),
-        kw.get("head_splits"),
-        kw.get("layout", "bshd"),
+        call,
     )
 
 

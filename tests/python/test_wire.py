@@ -22,14 +22,15 @@ BOUND = {torch.float8_e4m3fn: 2**-4, torch.float8_e5m2: 2**-3}
 
 
 def reference_packed(x: torch.Tensor, w: torch.dtype) -> torch.Tensor:
-    """The rule, written apart from wire.py: per row (last dim) an fp32 scale amax / fmax,
+    """The rule, written apart from wire.py: per row (last dim) an fp32 scale amax * (1 / fmax)
+    (the reciprocal rounded to fp32 first: CUDA's scalar division, on every device),
     payload x / scale saturated to +-fmax (0 where the scale is not > 0), the scale's bytes
     after the payload."""
     fmax = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}[w]
     rows = x.float().reshape(-1, x.shape[-1])
     out = []
     for row in rows:
-        scale = row.abs().max() / fmax
+        scale = row.abs().max() * torch.tensor(1.0 / fmax, dtype=torch.float32)
         if scale > 0:
             payload = torch.clamp(row / scale, -fmax, fmax).to(w)
         else:

@@ -19,6 +19,10 @@ the group is still usable.
                         group rank 0 only: the refusal names the invalid call and a valid one
   other_fields          dtype, barrier, owned against borrowed, and batch and head_dim (with
                         one window size)
+  unnamed_field         a field no check reads by name (a `Call` with one more field, `novel`,
+                        as a field added to it later would be) that differs on group rank 0
+                        only: refused on every rank by the call check and by the debug check,
+                        neither edited for it; alike on every rank, the call goes ahead
   every_rank_invalid    every rank refuses its own call: each raises its own plan message
   device_differs        x on meta on the last rank only (both entry points, and with out= on
                         meta there): the refusal names its device; meta on every rank: each
@@ -46,6 +50,7 @@ the group is still usable.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sys
@@ -55,6 +60,7 @@ import torch.distributed as dist
 from multirank import run_on_subgroups
 
 import fast_ulysses as fu
+from fast_ulysses.call import OWNED, Call
 from fast_ulysses.errors import FastUlyssesError
 from fast_ulysses.plan import input_shape
 
@@ -66,6 +72,7 @@ MISMATCH_CHECKS = [
     "layout_differs",
     "invalid_one_rank",
     "other_fields",
+    "unnamed_field",
     "every_rank_invalid",
     "device_differs",
 ]
@@ -309,6 +316,35 @@ def other_fields(group, pg, r, P):
         ": they differ in batch (2 on rank 0, 1 on rank 1), head_dim (8 on rank 0, 16 on rank 1)",
     )
     agreed(group, 70)
+
+
+# `Call` with one field more, which no check reads by name: what a field added to it later is.
+Extended = collections.namedtuple("Extended", (*Call._fields, "novel"))
+
+
+def unnamed_field(group, pg, r, P):
+    x = seeded((1, 2, 2 * P, 8), r)
+
+    def call(novel):
+        return Extended(OWNED, x, 0, "q", None, None, "bshd", None, None, novel)
+
+    with env_on(True, "FAST_ULYSSES_DEBUG", "1"):
+        debugged = fu.TorchUlyssesGroup(pg)
+    for which, checked in (("call check", group), ("debug check", debugged)):
+        text = refused_everywhere(
+            pg,
+            lambda checked=checked: checked._checked(call(r == 0)),
+            "differs across ranks",
+            "novel=True",
+            "novel=False",
+            same=which == "call check",
+        )
+        if which == "call check":
+            assert ": they differ in other arguments" in text, text
+        tag, p = checked._checked(call(7))  # alike on every rank: it goes ahead
+        assert (tag, p.mode) == ("q", 0), f"{which}: {tag!r}, {p}"
+    debugged.destroy()
+    agreed(group, 75)
 
 
 def every_rank_invalid(group, pg, r, P):
