@@ -106,8 +106,10 @@ bool UlyssesGroup::launch_cached(const at::Tensor& x, const at::Tensor& out, con
   return eager_graphs_.launch(signature, operands, stream, capture);
 }
 
-void UlyssesGroup::issue_one_rank(const Acquired& a, const at::Tensor& x, const Plan& plan,
-                                  FusedNormRope* fused) {
+void UlyssesGroup::issue_one_rank(const Acquired& a, const CallRequest& request) {
+  const at::Tensor& x = request.x;
+  const Plan& plan = request.plan;
+  FusedNormRope* fused = request.fused;
   {
     StageScope stage(profile_, Stage::kOwnShare);
     if (fused) {
@@ -120,8 +122,10 @@ void UlyssesGroup::issue_one_rank(const Acquired& a, const at::Tensor& x, const 
   if (a.call.deferred) note_deferred(a.tag, a.capturing);
 }
 
-void UlyssesGroup::issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan,
-                               FusedNormRope& fused) {
+void UlyssesGroup::issue_fused(const Acquired& a, const CallRequest& request) {
+  const at::Tensor& x = request.x;
+  const Plan& plan = request.plan;
+  FusedNormRope& fused = *request.fused;
   {
     StageScope stage(profile_, Stage::kOpen);
     events_.join(a.caller, comm_);
@@ -146,7 +150,9 @@ void UlyssesGroup::issue_fused(const Acquired& a, const at::Tensor& x, const Pla
   rejoin(a, x, false, &fused.reads);
 }
 
-bool UlyssesGroup::issue_direct(const Acquired& a, const at::Tensor& x, const Plan& plan) {
+bool UlyssesGroup::issue_direct(const Acquired& a, const CallRequest& request) {
+  const at::Tensor& x = request.x;
+  const Plan& plan = request.plan;
   {
     StageScope stage(profile_, Stage::kSend);
     if (!launch_cached(x, a.out, plan, a.window, a.call, a.caller)) return false;
@@ -156,8 +162,9 @@ bool UlyssesGroup::issue_direct(const Acquired& a, const at::Tensor& x, const Pl
   return true;
 }
 
-void UlyssesGroup::issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan,
-                                 bool try_graph) {
+void UlyssesGroup::issue_on_comm(const Acquired& a, const CallRequest& request, bool try_graph) {
+  const at::Tensor& x = request.x;
+  const Plan& plan = request.plan;
   {
     StageScope stage(profile_, Stage::kOpen);
     // A borrowed call whose own share may go on C writes into the window that a deferred join's
