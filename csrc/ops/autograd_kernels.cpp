@@ -1,7 +1,7 @@
-// The collectives' Autograd kernels, in C++, so that a call costs no Python whether it records a
-// backward or not: UlyssesGroup's typed entry (fast_entry.cpp) serves every eager call, and
-// torch.ops callers and torch.compile reach the same kernels (docs/DESIGN.md, "One route per
-// call").
+// The collectives' Autograd kernels, in C++, so that a call runs no Python on its way to the
+// transport whether it records a backward or not: UlyssesGroup's typed entry (fast_entry.cpp)
+// serves every eager call, and torch.ops callers and torch.compile reach the same kernels
+// (docs/DESIGN.md, "One route per call").
 //
 // The owned op (all_to_all_single_4d): the all-to-all is a permutation of elements, so its
 // gradient is the inverse permutation, the call in mode 1 - m with the same splits and layout,

@@ -62,8 +62,7 @@ PyObject* maybe_async(PyObject* result) {
   if (result == nullptr || !transport::join_request().deferred) return result;
   static PyObject* wrap_plain = nullptr;  // both kept for the process's life, once found
   static PyObject* wrap_recorded = nullptr;
-  PyObject*& wrap =
-      THPVariable_Unpack(result).requires_grad() ? wrap_recorded : wrap_plain;
+  PyObject*& wrap = THPVariable_Unpack(result).requires_grad() ? wrap_recorded : wrap_plain;
   if (wrap == nullptr)
     wrap = functional_collectives(&wrap == &wrap_plain ? "AsyncCollectiveTensor"
                                                        : "_maybe_wrap_tensor");
@@ -219,9 +218,8 @@ PyObject* owned(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   OwnedArguments a;
   if (count != kOwnedCount || !parse(args, &a)) Py_RETURN_NOTIMPLEMENTED;
-  return call_op(args[0], true, [&a](const at::Tensor& x) {
-    return owned_op().call(x FU_OWNED_ARGS(FU_GET));
-  });
+  return call_op(args[0], true,
+                 [&a](const at::Tensor& x) { return owned_op().call(x FU_OWNED_ARGS(FU_GET)); });
   END_HANDLE_TH_ERRORS
 }
 
@@ -251,7 +249,8 @@ PyObject* owned_out(PyObject* /*module*/, PyObject* const* args, Py_ssize_t coun
 
 PyMethodDef methods[] = {
     {"owned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&owned)), METH_FASTCALL,
-     "owned(x" FU_OWNED_ARGS(FU_LISTED) "): the op all_to_all_single_4d (below autograd unless it records a backward), or "
+     "owned(x" FU_OWNED_ARGS(FU_LISTED) "): the op all_to_all_single_4d (below autograd "
+                                        "unless it records a backward), or "
                                         "NotImplemented (call torch.ops instead)"},
     {"borrowed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&borrowed)),
      METH_FASTCALL,
