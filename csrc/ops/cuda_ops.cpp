@@ -92,16 +92,14 @@ Prepared prepare(const at::Tensor& x, int64_t mode, const std::string& group_nam
   return {std::move(group), &plan, std::move(source)};
 }
 
-// One collective call: the group, the plan and the tensor the copies read (`prepare`), then the
-// call's request, built once and handed to the group whole.
 at::Tensor run(const at::Tensor& x, int64_t mode, const std::string& tag,
                const std::string& group_name, const std::optional<at::IntArrayRef>& seq_splits,
                const std::optional<at::IntArrayRef>& head_splits, const std::string& layout,
                Result result, bool barrier, std::optional<int64_t> rank,
-               const at::Tensor* out = nullptr) {
+               const at::Tensor& out = at::Tensor()) {
   auto [group, plan, source] = prepare(x, mode, group_name, seq_splits, head_splits, layout, rank,
                                        [&] { return checked_element_size(x); });
-  return group->all_to_all({*source, *plan, tag, result, barrier, nullptr, out});
+  return group->all_to_all(*source, *plan, tag, result, barrier, nullptr, out);
 }
 
 // The kernels (their arguments: call_args.h).
@@ -110,7 +108,7 @@ at::Tensor all_to_all_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM)) {
 }
 
 at::Tensor& all_to_all_out_cuda(const at::Tensor& x FU_OWNED_ARGS(FU_PARAM), at::Tensor& out) {
-  run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true, rank, &out);
+  run(x, mode, tag, group_name, seq_splits, head_splits, layout, Result::kOwned, true, rank, out);
   return out;
 }
 
@@ -144,8 +142,8 @@ at::Tensor qk_norm_rope_cuda(const at::Tensor& x_arg FU_FUSED_ARGS(FU_PARAM)) {
     if (j < group->rank()) fused.args.seq_offset += seq[j];
     fused.args.seq_total += seq[j];
   }
-  return group->all_to_all({*source, *plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
-                            borrowed ? barrier : true, &fused});
+  return group->all_to_all(*source, *plan, tag, borrowed ? Result::kBorrowed : Result::kOwned,
+                           borrowed ? barrier : true, &fused);
 }
 
 // Builds a group on the process group `group_name` and returns its key (group_key.h): the name

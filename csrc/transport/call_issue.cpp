@@ -106,10 +106,8 @@ bool UlyssesGroup::launch_cached(const at::Tensor& x, const at::Tensor& out, con
   return eager_graphs_.launch(signature, operands, stream, capture);
 }
 
-void UlyssesGroup::issue_one_rank(const Acquired& a, const CallRequest& request) {
-  const at::Tensor& x = request.x;
-  const Plan& plan = request.plan;
-  FusedNormRope* fused = request.fused;
+void UlyssesGroup::issue_one_rank(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                                  FusedNormRope* fused) {
   {
     StageScope stage(profile_, Stage::kOwnShare);
     if (fused) {
@@ -122,10 +120,8 @@ void UlyssesGroup::issue_one_rank(const Acquired& a, const CallRequest& request)
   if (a.call.deferred) note_deferred(a.tag, a.capturing);
 }
 
-void UlyssesGroup::issue_fused(const Acquired& a, const CallRequest& request) {
-  const at::Tensor& x = request.x;
-  const Plan& plan = request.plan;
-  FusedNormRope& fused = *request.fused;
+void UlyssesGroup::issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                               FusedNormRope& fused) {
   {
     StageScope stage(profile_, Stage::kOpen);
     events_.join(a.caller, comm_);
@@ -150,9 +146,7 @@ void UlyssesGroup::issue_fused(const Acquired& a, const CallRequest& request) {
   rejoin(a, x, false, &fused.reads);
 }
 
-bool UlyssesGroup::issue_direct(const Acquired& a, const CallRequest& request) {
-  const at::Tensor& x = request.x;
-  const Plan& plan = request.plan;
+bool UlyssesGroup::issue_direct(const Acquired& a, const at::Tensor& x, const Plan& plan) {
   {
     StageScope stage(profile_, Stage::kSend);
     if (!launch_cached(x, a.out, plan, a.window, a.call, a.caller)) return false;
@@ -162,9 +156,8 @@ bool UlyssesGroup::issue_direct(const Acquired& a, const CallRequest& request) {
   return true;
 }
 
-void UlyssesGroup::issue_on_comm(const Acquired& a, const CallRequest& request, bool try_graph) {
-  const at::Tensor& x = request.x;
-  const Plan& plan = request.plan;
+void UlyssesGroup::issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                                 bool try_graph) {
   {
     StageScope stage(profile_, Stage::kOpen);
     // A borrowed call whose own share may go on C writes into the window that a deferred join's

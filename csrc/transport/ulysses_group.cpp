@@ -200,42 +200,42 @@ void UlyssesGroup::check_not_in_window(const char* name, const at::Tensor& t, co
       "first");
 }
 
-at::Tensor UlyssesGroup::all_to_all(const CallRequest& request) {
+at::Tensor UlyssesGroup::all_to_all(const at::Tensor& x, const Plan& plan,
+                                    const std::string& tag_name, Result result, bool barrier,
+                                    FusedNormRope* fused, const at::Tensor& out_arg) {
   c10::cuda::CUDAGuard guard(device_);
   JoinRequest& join = join_request();
   join.deferred = false;
-  Acquired a = acquire(request, join.defer);
+  Acquired a = acquire(x, plan, tag_name, result, barrier, fused != nullptr, join.defer, out_arg);
   ProfiledCall profiled(profile_, Stage::kSetup);
   switch (a.strategy) {
     case Strategy::kOneRank:
-      issue_one_rank(a, request);
+      issue_one_rank(a, x, plan, fused);
       break;
     case Strategy::kFused:
-      issue_fused(a, request);
+      issue_fused(a, x, plan, *fused);
       break;
     case Strategy::kCaptured:
-      issue_on_comm(a, request, false);
+      issue_on_comm(a, x, plan, false);
       break;
     case Strategy::kDirect:
       // A direct launch that found no graph would find none on M either: call by call there.
-      if (!issue_direct(a, request)) issue_on_comm(a, request, false);
+      if (!issue_direct(a, x, plan)) issue_on_comm(a, x, plan, false);
       break;
     case Strategy::kCommStream:
-      issue_on_comm(a, request, true);
+      issue_on_comm(a, x, plan, true);
       break;
   }
   return std::move(a.out);
 }
 
-UlyssesGroup::Acquired UlyssesGroup::acquire(const CallRequest& request, bool defer_asked) {
-  const at::Tensor& x = request.x;
-  const Plan& plan = request.plan;
-  const std::string& tag_name = request.tag;
-  const at::Tensor empty;
-  const at::Tensor& out_arg = request.out ? *request.out : empty;
+UlyssesGroup::Acquired UlyssesGroup::acquire(const at::Tensor& x, const Plan& plan,
+                                             const std::string& tag_name, Result result,
+                                             bool barrier, bool fused, bool defer_asked,
+                                             const at::Tensor& out_arg) {
   cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
   const bool in_capture = capturing(caller);
-  const bool owned = request.result == Result::kOwned;
+  const bool owned = result == Result::kOwned;
   if (out_arg.defined()) check_out(out_arg, x, plan, owned);
   TagState* known = find_tag(tag_name);
   if (known && known->deferred) check_not_deferred(tag_name);
@@ -261,7 +261,7 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const CallRequest& request, bool de
   // ordered M, or C, after work that came before the call anyway.)
   if (!in_capture) follow_last_caller(caller);
   TagState& tag = known ? *known : tags_.emplace(tag_name, std::move(*fresh)).first->second;
-  const bool deferred = !owned && !request.barrier;
+  const bool deferred = !owned && !barrier;
   at::Tensor out = !owned ? pool_.local_tensor(window, shape_of(plan.output_shape), x.scalar_type())
                    : out_arg.defined() ? out_arg
                                        : at::empty(shape_of(plan.output_shape), x.options());
@@ -287,7 +287,7 @@ UlyssesGroup::Acquired UlyssesGroup::acquire(const CallRequest& request, bool de
                   caller,
                   in_capture,
                   defer_join,
-                  choose_strategy(request.fused != nullptr, in_capture, deferred, defer_join)};
+                  choose_strategy(fused, in_capture, deferred, defer_join)};
 }
 
 UlyssesGroup::Strategy UlyssesGroup::choose_strategy(bool fused, bool capturing, bool deferred,

@@ -57,18 +57,6 @@ struct FusedNormRope {
   std::vector<at::Tensor> reads;
 };
 
-// One call, as the op's kernel hands it to the group (csrc/ops/cuda_ops.cpp builds it once per
-// call) and as the group passes it along whole: acquire() and the strategies read it.
-struct CallRequest {
-  const at::Tensor& x;  // what the copies read: x itself, or its one contiguous copy
-  const Plan& plan;
-  const std::string& tag;
-  Result result = Result::kOwned;
-  bool barrier = true;              // false: a borrowed call's closing handshake is barrier()'s
-  FusedNormRope* fused = nullptr;   // the fused kernel in place of the copies, or none
-  const at::Tensor* out = nullptr;  // owned only: the caller's tensor to fill, or none
-};
-
 class UlyssesGroup {
  public:
   // Collective: allocates and maps the pool (initial_pool_bytes of windows + the signal header).
@@ -81,7 +69,7 @@ class UlyssesGroup {
   // `build` on first use and kept for the group's lifetime.
   const Plan& plan(const std::vector<int64_t>& key, const std::function<Plan()>& build);
 
-  // Owned: returns a new tensor. Borrowed: returns a view of this rank's window for the tag,
+  // Owned: returns a new tensor. Borrowed: returns a view of this rank's window for `tag`,
   // valid until the next call with that tag; with barrier == false the closing handshake is
   // left to barrier(). The result is ready in the caller's stream order, except for an eager
   // call made with join_request().defer, whose caller waits when the result is first used
@@ -89,9 +77,11 @@ class UlyssesGroup {
   // Under CUDA graph capture a call that would need a new or larger window raises ValueError.
   // With `fused`, one kernel writes every chunk (this rank's own too, into its window) instead
   // of the copies; an owned result is then copied out of the window whole.
-  // `out` (owned results only, or none): the caller's tensor to fill instead of a new one,
+  // `out` (owned results only, or undefined): the caller's tensor to fill instead of a new one,
   // checked against the plan's output (ValueError) before anything is issued.
-  at::Tensor all_to_all(const CallRequest& request);
+  at::Tensor all_to_all(const at::Tensor& x, const Plan& plan, const std::string& tag,
+                        Result result, bool barrier, FusedNormRope* fused = nullptr,
+                        const at::Tensor& out = at::Tensor());
   // Raises ValueError unless x is on the group's device (the ops check it before planning).
   void check_device(const at::Tensor& x) const;
   void reserve(const std::vector<std::string>& tags, const std::vector<int64_t>& window_bytes);
@@ -169,14 +159,17 @@ class UlyssesGroup {
   // Everything about a call that can raise (capture state, `out`, tag, window, aliasing) and
   // the result's allocation, with nothing issued; a new tag is kept only once its window is
   // secured. Then the call is counted on its tag and its strategy chosen.
-  Acquired acquire(const CallRequest& request, bool defer_asked);
+  Acquired acquire(const at::Tensor& x, const Plan& plan, const std::string& tag_name,
+                   Result result, bool barrier, bool fused, bool defer_asked,
+                   const at::Tensor& out_arg);
   Strategy choose_strategy(bool fused, bool capturing, bool deferred, bool defer_join) const;
   // The strategies (issue_direct: false when the call has no graph, with nothing issued).
-  void issue_one_rank(const Acquired& a, const CallRequest& request);
-  void issue_fused(const Acquired& a, const CallRequest& request);
-  bool issue_direct(const Acquired& a, const CallRequest& request);
+  void issue_one_rank(const Acquired& a, const at::Tensor& x, const Plan& plan,
+                      FusedNormRope* fused);
+  void issue_fused(const Acquired& a, const at::Tensor& x, const Plan& plan, FusedNormRope& fused);
+  bool issue_direct(const Acquired& a, const at::Tensor& x, const Plan& plan);
   // Forked into M: the cached graph there (with `try_graph`) or call by call, then the join.
-  void issue_on_comm(const Acquired& a, const CallRequest& request, bool try_graph);
+  void issue_on_comm(const Acquired& a, const at::Tensor& x, const Plan& plan, bool try_graph);
   // A borrowed call with barrier=false: its tag refuses the next call until barrier().
   void note_deferred(TagState& tag, bool capturing);
   // A deferred call's x (and a fused call's other inputs) stay unused until M is done with them:
