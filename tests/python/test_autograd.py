@@ -173,3 +173,31 @@ def test_the_borrowed_refusal_is_a_value_error_under_torch_compile(world1):
             compiled(x)
     finally:
         group.destroy()
+
+
+def test_aot_autograd_traces_the_cpp_backward_as_the_op(world1):
+    """torch.compile's AOTAutograd traces the owned op's C++ backward: the backward graph holds
+    the op itself in mode 1 - m on backward_tag(tag) (meta tensors: the Meta kernel serves the
+    trace, no GPU)."""
+    from torch._functorch.aot_autograd import aot_function
+
+    graphs = []
+
+    def keep(gm, _inputs):
+        graphs.append(gm.graph)
+        return gm
+
+    def f(x):
+        y = torch.ops.fast_ulysses.all_to_all_single_4d(*op_args(world1, x), rank=0)
+        return (y * y).sum()
+
+    x = torch.zeros(1, 4, 2, 8, device="meta", requires_grad=True)
+    aot_function(f, fw_compiler=keep, bw_compiler=keep)(x).backward()
+    assert x.grad.shape == x.shape
+    op = torch.ops.fast_ulysses.all_to_all_single_4d.default
+    forward, backward = (
+        [n.args for n in graph.nodes if n.op == "call_function" and n.target is op]
+        for graph in graphs
+    )
+    assert [(a[1], a[2]) for a in forward] == [(0, "t")], forward
+    assert [(a[1], a[2]) for a in backward] == [(1, "t:grad")], backward
