@@ -8,8 +8,8 @@ may still be in use). Gradients are therefore bit-exact.
 - The fast group: the ops' Autograd kernels are C++ (csrc/ops/autograd_kernels.cpp): the owned
   op `fast_ulysses::all_to_all_single_4d` records this backward, so eager autograd, a direct
   `torch.ops` caller and torch.compile see the same one, and a call that records it runs no
-  Python on its way to the transport; `..._borrowed` applies the borrowed rule and records no backward. With
-  FAST_ULYSSES_DEBUG=1 the backward first has its call checked across ranks
+  Python on its way to the transport; `..._borrowed` applies the borrowed rule and records no
+  backward. With FAST_ULYSSES_DEBUG=1 the backward first has its call checked across ranks
   (`fast_ulysses.debug.check_backward`).
 - TorchUlyssesGroup: a `torch.autograd.Function` around its exchange (`TorchAllToAll`).
 

@@ -4,9 +4,9 @@ goes ahead only if every rank of the group makes the same call.
 A row. Each rank sends one int64 row (`CallCheck.agree`: one `all_gather_into_tensor`) saying
 what it believes the call is: 0 (a valid call), the entry point, mode, layout, tag (a 64-bit
 hash), dtype and x's device type (codes), batch, head_dim, the plan's window bytes and barrier
-(-1 for the owned entry), a 64-bit hash of every other field of the call (`fast_ulysses.call.others`:
-0 when there is none, so a field added to `Call` is compared without this check being edited),
-then the plan's resolved seq_splits and head_splits (P values each). A
+(-1 for the owned entry), a 64-bit hash of every other field of the call
+(`fast_ulysses.call.others`: 0 when there is none, so a field added to `Call` is compared without
+this check being edited), then the plan's resolved seq_splits and head_splits (P values each). A
 rank that refuses its own call (a plan error, a tag rule, a device its group does not move, a
 bad out=) sends the invalid row (1, then zeros) instead, so it still joins the gather. The row
 travels on the CPU where the group's backend takes CPU tensors (gloo), else on x's GPU (NCCL),
