@@ -1,5 +1,6 @@
 """FAST_ULYSSES_DEBUG=1: every rank checks every call against every other rank's, before
-anything is sent. One function, `check_agreement`, called by both groups; and the registry of
+anything is sent. One function, `check_agreement` (both groups reach it through
+`check_next_call`, which numbers their calls); and the registry of
 debugged UlyssesGroups by process-group name (`debugged`), through which the fast group's
 backward, which is C++, finds its group to check too (`check_backward`, the hook it calls while
 a debugged group is registered)."""
@@ -131,3 +132,17 @@ def check_agreement(
                 f"call #{index} differs across ranks: rank {rank} called {shown} "
                 f"but rank {peer} called {peer_call}"
             )
+
+
+def check_next_call(group, call: Call, *, check_device: Callable) -> None:
+    """`check_agreement` of `group`'s next call (either group: its process_group, rank,
+    world_size and call counter `_calls`, which this advances)."""
+    group._calls += 1
+    check_agreement(
+        group.process_group,
+        group.rank,
+        group.world_size,
+        group._calls,
+        call,
+        check_device=check_device,
+    )

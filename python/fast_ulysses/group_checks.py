@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from ._ops import ops
 from .arguments import check_tag
-from .debug import check_agreement
+from .debug import check_next_call
 from .errors import FastUlyssesError
 from .topology import Decision, decide, shared_gpu_pair
 from .upstream_options import nvlink_refusal
@@ -35,15 +35,7 @@ class FastCallChecks:
         if self._destroyed:
             self._check_live()  # raises
         if self._debug:  # every rank learns of every rank's problem: all raise, none waits
-            self._calls += 1
-            check_agreement(
-                self.process_group,
-                self.rank,
-                self.world_size,
-                self._calls,
-                call,
-                check_device=lambda t: self._check_tensor(t, device=True),
-            )
+            check_next_call(self, call, check_device=lambda t: self._check_tensor(t, device=True))
         else:  # (the common case costs two type checks)
             if type(call.x) is not torch.Tensor:
                 self._check_tensor(call.x)

@@ -10,7 +10,7 @@ from ._ops import _C
 from .arguments import check_tag
 from .autograd import check_borrowed_grad
 from .call import BORROWED, OWNED
-from .debug import check_agreement
+from .debug import check_next_call
 from .errors import FastUlyssesError
 from .plan import Plan
 from .tags import check_borrowed_tag, resolve_tag
@@ -35,17 +35,9 @@ class CallChecks:
         if call.entry == OWNED and call.tag is None and isinstance(call.x, torch.Tensor):
             call = call._replace(tag=resolve_tag(None, call.x, call.mode, call.layout))
         prepared = []
-        self._calls += 1
         # Every check of `_prepare` runs inside check_agreement's, so that a rank that refuses
         # its own call (its out=, a tag rule) still joins the gather and every rank raises.
-        check_agreement(
-            self.process_group,
-            self.rank,
-            self.world_size,
-            self._calls,
-            call,
-            check_device=lambda _: prepared.append(self._prepare(call)),
-        )
+        check_next_call(self, call, check_device=lambda _: prepared.append(self._prepare(call)))
         return self._commit(prepared[0])
 
     def _prepare(self, call):
