@@ -1,15 +1,16 @@
 // The one place that declares every fast_ulysses op (one place declares, many implement). The
-// ops are the collectives, the fused op, the group's lifecycle and the plan: what moves data,
-// holds state or is traced. Rules and constants Python only asks about are plain functions and
-// attributes of the module (module_c.cpp).
-// This library (fast_ulysses._C) also implements what needs no GPU: the plan, the host executor
-// and the Meta kernels that let torch.compile trace the collectives. The CUDA kernels and the
-// group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).
+// ops are the collectives, the fused op, the group's lifecycle, the plan and the FP8 wire's
+// passes: what moves data, holds state or is traced. Rules and constants Python only asks about
+// are plain functions and attributes of the module (module_c.cpp).
+// This library (fast_ulysses._C) also implements what needs no GPU: the plan, the host executor,
+// the FP8 wire's CPU kernels and the Meta kernels that let torch.compile trace the collectives. The
+// CUDA kernels and the group-management ops are implemented in fast_ulysses._cuda (cuda_ops.cpp).
 #include <torch/library.h>
 
 #include "ops/call_args.h"
 #include "ops/norm_rope_ops.h"
 #include "ops/plan_ops.h"
+#include "ops/wire_ops.h"
 
 TORCH_LIBRARY(fast_ulysses, m) {
   // GPU-free.
@@ -63,10 +64,20 @@ TORCH_LIBRARY(fast_ulysses, m) {
   // the rotation (csrc/kernels/norm_rope.h has the math), an owned or a borrowed result. Its
   // argument rules alone, for the fallback: check_norm_rope (above).
   m.def("qk_norm_rope_all_to_all(Tensor x" FU_FUSED_ARGS(FU_SCHEMA) ") -> Tensor");
+
+  // FP8 on the wire (python/fast_ulysses/wire.py states the rule; csrc/kernels/wire_rule.h runs
+  // it): x's rows quantized and packed (d payload values, then the float32 scale's 4 bytes),
+  // and back, one pass each. CPU and Meta kernels (wire_ops.cpp).
+  m.def("wire_quantize(Tensor x, ScalarType wire_dtype) -> Tensor");
+  m.def("wire_dequantize(Tensor packed, ScalarType dtype) -> Tensor");
+  m.def("wire_dequantize_out(Tensor packed, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CPU, m) {
   m.impl("host_copy", &fast_ulysses::ops::host_copy);
+  m.impl("wire_quantize", &fast_ulysses::ops::wire_quantize_cpu);
+  m.impl("wire_dequantize", &fast_ulysses::ops::wire_dequantize_cpu);
+  m.impl("wire_dequantize_out", &fast_ulysses::ops::wire_dequantize_out_cpu);
 }
 
 TORCH_LIBRARY_IMPL(fast_ulysses, CompositeExplicitAutograd, m) {
@@ -80,4 +91,7 @@ TORCH_LIBRARY_IMPL(fast_ulysses, Meta, m) {
   m.impl("all_to_all_single_4d_borrowed", &fast_ulysses::ops::all_to_all_borrowed_meta);
   m.impl("all_to_all_single_4d_out", &fast_ulysses::ops::all_to_all_out_meta);
   m.impl("qk_norm_rope_all_to_all", &fast_ulysses::ops::qk_norm_rope_meta);
+  m.impl("wire_quantize", &fast_ulysses::ops::wire_quantize_meta);
+  m.impl("wire_dequantize", &fast_ulysses::ops::wire_dequantize_meta);
+  m.impl("wire_dequantize_out", &fast_ulysses::ops::wire_dequantize_out_meta);
 }

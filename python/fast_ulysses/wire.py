@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import ops
 from .autograd import TorchAllToAll, check_borrowed_grad
 from .call import OWNED, make_call
 from .errors import FastUlyssesError
@@ -160,12 +161,24 @@ def _output_shape(group, x, mode, kw) -> tuple | None:
 
 def quantize(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
     """x quantized and packed: a contiguous tensor of the wire dtype, x's shape but d + 4 in
-    the last dimension (each row's d payload values, then its float32 scale's 4 bytes).
+    the last dimension (each row's d payload values, then its float32 scale's 4 bytes), by the
+    op `fast_ulysses::wire_quantize` on the CPU (one pass: csrc/kernels/wire_rule.h), by
+    `quantize_reference` on other devices: the same bytes either way.
 
     Raises:
         FastUlyssesError for a wire_dtype that is not an FP8 format or an x that is not a
         bf16, fp16 or fp32 tensor.
     """
+    check_wire_dtype(wire_dtype)
+    check_input(x)
+    if _on_kernels(x):
+        return ops.wire_quantize(x.detach(), wire_dtype)
+    return quantize_reference(x, wire_dtype)
+
+
+def quantize_reference(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
+    """`quantize` in torch operations: the rule as written above, which the ops' CPU kernels
+    equal bit for bit (tests/python/test_wire.py)."""
     check_wire_dtype(wire_dtype)
     check_input(x)
     x = x.detach()
@@ -202,11 +215,31 @@ def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(payload: torch.Tensor, scales: torch.Tensor, dtype=torch.float32, out=None):
-    """payload * scale per row, rounded once to `dtype` (into `out` when given)."""
+    """payload * scale per row, rounded once to `dtype` (into `out` when given), in torch
+    operations: the rule as written, for `unpack`'s two parts."""
     result = payload.float() * scales.unsqueeze(-1)
     if out is not None:
         return out.copy_(result)
     return result.to(dtype)
+
+
+def dequantize_packed(packed: torch.Tensor, dtype=torch.float32, out=None) -> torch.Tensor:
+    """`dequantize(*unpack(packed), dtype, out)`: on the CPU by the op
+    `fast_ulysses::wire_dequantize` (one pass, the same values), writing a contiguous `out` of
+    an input dtype directly; on other devices `dequantize` itself."""
+    if not _on_kernels(packed):
+        return dequantize(*unpack(packed), dtype, out)
+    if out is None:
+        return ops.wire_dequantize(packed, dtype)
+    if out.is_contiguous() and out.dtype in INPUTS:
+        return ops.wire_dequantize_out(packed, out=out)
+    return out.copy_(ops.wire_dequantize(packed, torch.float32))
+
+
+def _on_kernels(t: torch.Tensor) -> bool:
+    """Whether `t` goes through the ops (a CPU tensor), not the torch reference (any other
+    device: the ops have no CUDA kernels yet)."""
+    return t.device.type == "cpu"
 
 
 # -- the route of a wire call --------------------------------------------------------------
@@ -242,10 +275,9 @@ def exchange(group, x, mode, tag, *, wire_dtype, dequantize, borrowed=False, out
 
 
 def _receive(moved, dtype, dequantize_, out=None):
-    payload, scales = unpack(moved)
     if not dequantize_:
-        return payload, scales
-    return dequantize(payload, scales, dtype, out)
+        return unpack(moved)
+    return dequantize_packed(moved, dtype, out)
 
 
 def simulate(inputs, mode, wire_dtype, **kw) -> list[torch.Tensor]:

@@ -221,3 +221,24 @@ def test_the_wan_block_runs_on_two_gloo_ranks():
         assert 25 < e["psnr_db"] < by["bf16"]["vs_fp32"]["psnr_db"], e
     lines = wire_accuracy.block_lines(block)
     assert "2 heads x 128, 16 tokens, 2 ranks" in lines[0] and len(lines) == 2 + 5
+
+
+def test_wire_passes_times_both_routes_on_the_cpu(tmp_path, capsys):
+    """bench/wire_passes.py on a tiny slice (--p 7560: 10 tokens), one round: the op and the
+    torch reference of each pass both timed (the CPU has the ops' kernels), printed and saved."""
+    from fast_ulysses.bench import wire_passes
+
+    path = tmp_path / "passes.json"
+    wire_passes.main(["--device", "cpu", "--p", "7560", "--rounds", "1", "--repeats", "1",
+                      "--json", str(path)])  # fmt: skip
+    saved = json.loads(path.read_text())
+    assert saved["shape"] == [1, 10, 40, 128] and saved["device"] == "cpu"
+    routes = saved["ms_per_pass_by_round"]
+    assert sorted(routes) == [
+        "dequantize, op",
+        "dequantize, torch reference",
+        "quantize, op",
+        "quantize, torch reference",
+    ]
+    assert all(len(v) == 1 and v[0] > 0 for v in routes.values()), routes
+    assert "quantize, op" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """The op surface: torch.ops.fast_ulysses holds the collectives, the fused op, the group's
-lifecycle and the plan (and check_norm_rope, which traced code calls); every other rule and
-constant Python asks about is a function or attribute of `fast_ulysses._C`. The collectives'
-argument names, which autograd unpacks by, are the schemas' own (one X-macro makes both)."""
+lifecycle, the plan and the FP8 wire's passes (and check_norm_rope, which traced code calls);
+every other rule and constant Python asks about is a function or attribute of
+`fast_ulysses._C`. The collectives' argument names, which autograd unpacks by, are the schemas'
+own (one X-macro makes both)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ OPS = {
     "host_copy",
     # the fused op's rules, traced inside the fallback's unfused math (test_fused.py)
     "check_norm_rope",
+    # the FP8 wire's passes (fast_ulysses.wire), traced inside compiled wire calls
+    "wire_quantize",
+    "wire_dequantize",
+    "wire_dequantize_out",
 }
 
 FUNCTIONS = {

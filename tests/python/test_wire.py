@@ -61,6 +61,80 @@ def test_quantize_is_the_reference_bit_for_bit(w, dtype):
     assert torch.equal(bits(wire.dequantize(payload, scales, dtype)), bits(want))
 
 
+def rows_of_every_kind(d: int, dtype: torch.dtype) -> torch.Tensor:
+    """(2, 7, 3, d): random rows of magnitudes 1e-6 to 1e6, then one row each of zeros, a +inf,
+    a -inf, a NaN, values so small that the scale is subnormal, negative zeros."""
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(2, 7, 3, d, generator=g) * torch.logspace(-6, 6, 7)[None, :, None, None]
+    x[0, 0, 0] = 0
+    x[0, 0, 1, 0] = float("inf")
+    x[0, 1, 0, -1] = float("-inf")
+    x[0, 1, 1, d // 2] = float("nan")
+    tiny = torch.finfo(dtype).tiny if dtype != torch.float32 else 1e-40  # (an fp32 subnormal)
+    x[1, 0, 0] = torch.rand(d, generator=g) * tiny
+    x[1, 0, 1] = -0.0
+    return x.to(dtype)
+
+
+def same_packed(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same payload bytes and scales; a NaN scale (a row with a NaN) matches any NaN: which
+    NaN, its bits, is not part of the rule."""
+    (pa, sa), (pb, sb) = wire.unpack(a), wire.unpack(b)
+    nan = sa.isnan()
+    return (
+        torch.equal(bits(pa), bits(pb))
+        and torch.equal(nan, sb.isnan())
+        and torch.equal(sa[~nan].view(torch.int32), sb[~nan].view(torch.int32))
+    )
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same dtype and bits, NaNs matching any NaN (which NaN is not part of the rule)."""
+    nan = a.isnan()
+    return (
+        a.dtype == b.dtype
+        and torch.equal(nan, b.isnan())
+        and torch.equal(bits(a[~nan]), bits(b[~nan]))
+    )
+
+
+@pytest.mark.parametrize("d", [1, 4, 31, 100, 128])
+@pytest.mark.parametrize("w", FORMATS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_ops_cpu_kernels_are_the_reference_bit_for_bit(w, dtype, d):
+    """fast_ulysses::wire_quantize / wire_dequantize(_out) on the CPU (the rule of
+    csrc/kernels/wire_rule.h) against wire.quantize_reference and this file's own row-by-row
+    reference, on rows of every kind."""
+    x = rows_of_every_kind(d, dtype)
+    packed = torch.ops.fast_ulysses.wire_quantize(x, w)
+    assert packed.dtype == w and packed.shape == (2, 7, 3, d + 4)
+    assert same_packed(packed, wire.quantize_reference(x, w))
+    assert same_packed(packed, reference_packed(x, w))
+    want = wire.dequantize(*wire.unpack(packed), dtype)
+    assert same_values(torch.ops.fast_ulysses.wire_dequantize(packed, dtype), want)
+    out = torch.full_like(want, 7)
+    assert torch.ops.fast_ulysses.wire_dequantize_out(packed, out=out) is out
+    assert same_values(out, want)
+
+
+def test_the_ops_meta_kernels_and_refusals():
+    ops = torch.ops.fast_ulysses
+    x = torch.empty(2, 3, 4, 128, dtype=torch.bfloat16, device="meta")
+    packed = ops.wire_quantize(x, torch.float8_e5m2)
+    assert packed.shape == (2, 3, 4, 132) and packed.dtype == torch.float8_e5m2
+    y = ops.wire_dequantize(packed, torch.float16)
+    assert y.shape == (2, 3, 4, 128) and y.dtype == torch.float16
+    with pytest.raises(ValueError, match="wire_dtype=BFloat16: it must be torch.float8_e4m3fn"):
+        ops.wire_quantize(x, torch.bfloat16)
+    with pytest.raises(ValueError, match="x has dtype Int: a wire call takes bfloat16"):
+        ops.wire_quantize(torch.zeros(2, 4, dtype=torch.int32), torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="its rows hold d \\+ 4 values"):
+        ops.wire_dequantize(torch.zeros(2, 4).to(torch.float8_e4m3fn), torch.float32)
+    with pytest.raises(ValueError, match="out is not contiguous"):
+        ops.wire_dequantize_out(torch.zeros(4, 12).to(torch.float8_e4m3fn),
+                                out=torch.zeros(8, 4).t())  # fmt: skip
+
+
 def test_packed_row_is_the_payload_then_the_scale_bytes():
     x = torch.tensor([[[[1.0, -2.0, 0.5, 4.0, 3.0, 0.0]]]])  # d = 6: scales copied out
     packed = wire.quantize(x, torch.float8_e4m3fn)
