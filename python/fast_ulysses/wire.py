@@ -4,8 +4,8 @@ dequantized (`wire_dtype=` on both groups' owned and borrowed calls, `all_to_all
 
 The rule, per (token, head) row (the last dimension, d), in float32:
 
-- scale = amax(|x| over d) / fmax, fmax = `torch.finfo(wire_dtype).max` (448 for e4m3fn,
-  57344 for e5m2);
+- scale = amax(|x| over d) * (1 / fmax), fmax = `torch.finfo(wire_dtype).max` (448 for
+  e4m3fn, 57344 for e5m2), the reciprocal rounded to float32 first;
 - payload = (x / scale) saturated to [-fmax, fmax], then rounded to the wire dtype, where
   scale > 0, else 0. The saturation only matters where the float32 scale is subnormal (amax
   below fmax * 2^-126); elsewhere |x / scale| <= fmax already, up to float32 rounding.
