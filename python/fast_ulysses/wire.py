@@ -173,7 +173,7 @@ def quantize(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
     check_input(x)
     if _on_kernels(x):
         return ops.wire_quantize(x.detach(), wire_dtype)
-    return quantize_reference(x, wire_dtype)
+    return _quantize_in_torch(x, wire_dtype)
 
 
 def quantize_reference(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
@@ -181,6 +181,11 @@ def quantize_reference(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor
     equal bit for bit (tests/python/test_wire.py)."""
     check_wire_dtype(wire_dtype)
     check_input(x)
+    return _quantize_in_torch(x, wire_dtype)
+
+
+def _quantize_in_torch(x: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
+    """`quantize_reference` once its arguments are checked (`quantize` checks them itself)."""
     x = x.detach()
     xf = x.float()
     top = torch.finfo(wire_dtype).max
